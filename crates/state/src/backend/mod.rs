@@ -1,0 +1,55 @@
+//! The storage-engine trait (TiKV `engine_traits` style): an ordered byte map.
+//! Everything typed — state kinds, TTL, timers, snapshots' meaning — lives
+//! above it, so both backends share that logic and the same test suite.
+
+pub mod heap;
+pub mod rocks;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// Which backend holds the live state; chosen by config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// State on the heap, full snapshots.
+    Hashmap,
+    /// State in RocksDB on local disk, incremental snapshots.
+    Rocksdb,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = crate::StateError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "hashmap" | "heap" => Ok(Self::Hashmap),
+            "rocksdb" => Ok(Self::Rocksdb),
+            other => Err(crate::StateError::Invalid(format!("unknown state backend '{other}' (hashmap|rocksdb)"))),
+        }
+    }
+}
+
+/// An ordered key/value engine.
+pub trait KvBackend: Send {
+    fn kind(&self) -> BackendKind;
+    /// Copies the value into `out` (reused by the caller to avoid allocating).
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
+    fn delete(&mut self, key: &[u8]) -> Result<()>;
+    /// Appends `bytes` to the value at `key` (creating it). Lists use this.
+    fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()>;
+    /// Visits `[start, end)` in key order until `f` returns false.
+    fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()>;
+    /// Makes buffered writes visible to snapshots.
+    fn flush(&mut self) -> Result<()>;
+    /// Runs compaction (and with it the TTL compaction filter) where there is one.
+    fn compact(&mut self) -> Result<()>;
+    /// Writes the backend's native incremental snapshot into `dir` and returns
+    /// the written files relative to `dir`; `None` means "no native format,
+    /// write the full canonical format".
+    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>>;
+    fn approximate_len(&mut self) -> Result<u64>;
+}

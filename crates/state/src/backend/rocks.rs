@@ -1,0 +1,187 @@
+//! The `rocksdb` backend: serialized state in RocksDB on local disk. The WAL
+//! is off because durability comes from checkpoints, as in Flink; snapshots
+//! are RocksDB checkpoints (hard links to immutable SST files), so the
+//! checkpoint store only copies SSTs it has not seen: incremental snapshots.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rocksdb::checkpoint::Checkpoint;
+use rocksdb::compaction_filter::Decision;
+use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteOptions};
+
+use super::{BackendKind, KvBackend};
+use crate::clock::Clock;
+use crate::descriptor::StateKind;
+use crate::error::{IoContext, Result};
+use crate::layout::{FIRST_RESERVED_ID, list_elements};
+use crate::ttl::{TtlConfig, read_ts};
+
+/// TTL settings by state id, shared with the compaction filter, which runs on
+/// RocksDB's background threads and so cannot borrow the store.
+pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (StateKind, TtlConfig)>>>;
+
+pub struct RocksBackend {
+    db: DB,
+    path: PathBuf,
+    write: WriteOptions,
+}
+
+fn concat_merge(_key: &[u8], existing: Option<&[u8]>, ops: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
+    let mut out = existing.map(|e| e.to_vec()).unwrap_or_default();
+    for op in ops {
+        out.extend_from_slice(op);
+    }
+    Some(out)
+}
+
+fn expired_by_filter(registry: &TtlRegistry, clock: &Arc<dyn Clock>, key: &[u8], value: &[u8]) -> bool {
+    if key.len() < 4 {
+        return false;
+    }
+    let id = u16::from_be_bytes([key[2], key[3]]);
+    if id >= FIRST_RESERVED_ID {
+        return false;
+    }
+    let reg = registry.read();
+    let Some((kind, ttl)) = reg.get(&id) else { return false };
+    if !ttl.cleanup.compaction_filter {
+        return false;
+    }
+    let now = clock.now_ms();
+    match kind {
+        // A list goes only when every element has expired: the filter cannot
+        // rewrite values (rust-rocksdb only offers 'static replacements).
+        StateKind::List => match list_elements(value) {
+            Ok(elems) => !elems.is_empty() && elems.iter().all(|e| read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now))),
+            Err(_) => false,
+        },
+        _ => read_ts(value).is_some_and(|ts| ttl.is_expired(ts, now)),
+    }
+}
+
+pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Options {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.set_merge_operator_associative("streamstate-list-concat", concat_merge);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    if let Some((registry, clock)) = registry {
+        opts.set_compaction_filter("streamstate-ttl", move |_level: u32, key: &[u8], value: &[u8]| {
+            if expired_by_filter(&registry, &clock, key, value) { Decision::Remove } else { Decision::Keep }
+        });
+    }
+    opts
+}
+
+impl RocksBackend {
+    /// Opens a fresh database at `path` (which must not hold live state).
+    pub(crate) fn open(path: &Path, registry: TtlRegistry, clock: Arc<dyn Clock>) -> Result<Self> {
+        std::fs::create_dir_all(path).at(path)?;
+        let db = DB::open(&db_options(Some((registry, clock))), path)?;
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        Ok(Self { db, path: path.to_path_buf(), write })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Visits `[start, end)` of a RocksDB checkpoint directory without modifying
+/// it (restore reads old instances' checkpoints this way).
+pub(crate) fn scan_checkpoint(dir: &Path, log_dir: &Path, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+    let mut opts = db_options(None);
+    // Keep RocksDB's info log out of checkpoint storage.
+    opts.set_db_log_dir(log_dir);
+    let db = DB::open_for_read_only(&opts, dir, false)?;
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_upper_bound(end.to_vec());
+    ro.fill_cache(false);
+    let iter = db.iterator_opt(IteratorMode::From(start, rocksdb::Direction::Forward), ro);
+    for item in iter {
+        let (k, v) = item?;
+        f(&k, &v)?;
+    }
+    Ok(())
+}
+
+impl KvBackend for RocksBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Rocksdb
+    }
+
+    fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        match self.db.get_pinned(key)? {
+            Some(v) => {
+                out.clear();
+                out.extend_from_slice(&v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.db.put_opt(key, value, &self.write)?)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
+        Ok(self.db.delete_opt(key, &self.write)?)
+    }
+
+    fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()> {
+        Ok(self.db.merge_opt(key, bytes, &self.write)?)
+    }
+
+    fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(end.to_vec());
+        let mut it = self.db.raw_iterator_opt(ro);
+        it.seek(start);
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+            if !f(k, v) {
+                break;
+            }
+            it.next();
+        }
+        Ok(it.status()?)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        Ok(self.db.flush()?)
+    }
+
+    fn compact(&mut self) -> Result<()> {
+        self.db.flush()?;
+        self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
+    }
+
+    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+        let target = dir.join("db");
+        if target.exists() {
+            std::fs::remove_dir_all(&target).at(&target)?;
+        }
+        Checkpoint::new(&self.db)?.create_checkpoint(&target)?;
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&target).at(&target)? {
+            let entry = entry.at(&target)?;
+            if entry.file_type().at(entry.path())?.is_file() {
+                files.push(PathBuf::from("db").join(entry.file_name()));
+            }
+        }
+        files.sort();
+        Ok(Some(files))
+    }
+
+    fn approximate_len(&mut self) -> Result<u64> {
+        Ok(self.db.property_int_value("rocksdb.estimate-num-keys")?.unwrap_or(0))
+    }
+}

@@ -1,0 +1,144 @@
+//! Descriptors name a state and fix its type, default and TTL. The name is the
+//! identity that survives restarts, rescaling and backend changes; the type is
+//! the caller's promise about how the stored bytes decode.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ttl::TtlConfig;
+
+/// What kind of keyed state a name refers to; recorded in snapshots so a
+/// restore can refuse to reinterpret a list as a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    Value,
+    List,
+    Map,
+    Reducing,
+    Aggregating,
+}
+
+impl std::fmt::Display for StateKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// Descriptor of a `ValueState<T>`.
+#[derive(Clone)]
+pub struct ValueStateDescriptor<T> {
+    pub name: String,
+    pub default: Option<T>,
+    pub ttl: Option<TtlConfig>,
+}
+
+impl<T> ValueStateDescriptor<T> {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), default: None, ttl: None }
+    }
+    pub fn with_default(mut self, default: T) -> Self {
+        self.default = Some(default);
+        self
+    }
+    pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// Descriptor of a `ListState<T>`; TTL applies per element.
+#[derive(Clone)]
+pub struct ListStateDescriptor<T> {
+    pub name: String,
+    pub ttl: Option<TtlConfig>,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> ListStateDescriptor<T> {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), ttl: None, _t: Default::default() }
+    }
+    pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// Descriptor of a `MapState<K, V>`; TTL applies per entry. Also used for
+/// broadcast state, which is a map.
+#[derive(Clone)]
+pub struct MapStateDescriptor<K, V> {
+    pub name: String,
+    pub ttl: Option<TtlConfig>,
+    _t: std::marker::PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> MapStateDescriptor<K, V> {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), ttl: None, _t: Default::default() }
+    }
+    pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// Descriptor of a `ReducingState<T>`: `add` folds with `reduce`.
+pub struct ReducingStateDescriptor<T> {
+    pub name: String,
+    pub reduce: Arc<dyn Fn(&T, &T) -> T + Send + Sync>,
+    pub ttl: Option<TtlConfig>,
+}
+
+impl<T> Clone for ReducingStateDescriptor<T> {
+    fn clone(&self) -> Self {
+        Self { name: self.name.clone(), reduce: self.reduce.clone(), ttl: self.ttl.clone() }
+    }
+}
+
+impl<T> ReducingStateDescriptor<T> {
+    pub fn new(name: impl Into<String>, reduce: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Self {
+        Self { name: name.into(), reduce: Arc::new(reduce), ttl: None }
+    }
+    pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// Flink's `AggregateFunction`: only the accumulator is stored, so it must be
+/// serializable; inputs and results need not be.
+pub trait AggregateFunction: Send + Sync + 'static {
+    type In;
+    type Acc;
+    type Out;
+    fn create_accumulator(&self) -> Self::Acc;
+    fn add(&self, value: Self::In, acc: Self::Acc) -> Self::Acc;
+    fn get_result(&self, acc: &Self::Acc) -> Self::Out;
+    fn merge(&self, a: Self::Acc, b: Self::Acc) -> Self::Acc;
+}
+
+/// Descriptor of an `AggregatingState<F>`.
+pub struct AggregatingStateDescriptor<F> {
+    pub name: String,
+    pub function: Arc<F>,
+    pub ttl: Option<TtlConfig>,
+}
+
+impl<F> Clone for AggregatingStateDescriptor<F> {
+    fn clone(&self) -> Self {
+        Self { name: self.name.clone(), function: self.function.clone(), ttl: self.ttl.clone() }
+    }
+}
+
+impl<F: AggregateFunction> AggregatingStateDescriptor<F> {
+    pub fn new(name: impl Into<String>, function: F) -> Self {
+        Self { name: name.into(), function: Arc::new(function), ttl: None }
+    }
+    pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}

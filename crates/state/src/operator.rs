@@ -1,0 +1,181 @@
+//! Operator state: not keyed, small, held in memory and written whole into
+//! every snapshot (as Flink does). List state is split evenly across
+//! instances on rescale, union state goes whole to everyone, broadcast state
+//! is a map that every instance holds identically.
+//!
+//! Broadcast state is writable only through [`BroadcastState`], which only
+//! the broadcast side's context hands out; the keyed side gets
+//! [`ReadOnlyBroadcastState`], which has no mutating methods.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use serde::{Deserialize, Serialize};
+
+use crate::descriptor::MapStateDescriptor;
+use crate::error::Result;
+use crate::keyed::StateValue;
+use crate::store::{StateStore, de, ser_append};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Redistribution {
+    /// Flink's ListState: entries are split evenly over the new instances.
+    EvenSplit,
+    /// Flink's UnionListState: every instance receives every entry.
+    Union,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OperatorList {
+    pub mode: Redistribution,
+    pub entries: Vec<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct OperatorStates {
+    pub lists: BTreeMap<String, OperatorList>,
+    pub broadcast: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl StateStore {
+    /// Operator list state with even-split redistribution (e.g. the Kafka
+    /// source's `(topic, partition, offset)` entries).
+    pub fn operator_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
+        self.operator_list(name, Redistribution::EvenSplit)
+    }
+
+    /// Operator list state that every instance receives whole on restore.
+    pub fn union_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
+        self.operator_list(name, Redistribution::Union)
+    }
+
+    fn operator_list<T: StateValue>(&self, name: &str, mode: Redistribution) -> Result<OperatorListState<T>> {
+        let mut g = self.lock();
+        let entry = g.operator.lists.entry(name.to_string()).or_insert(OperatorList { mode, entries: Vec::new() });
+        if entry.mode != mode {
+            return Err(crate::StateError::KindMismatch {
+                name: name.into(),
+                existing: format!("{:?}", entry.mode),
+                requested: format!("{mode:?}"),
+            });
+        }
+        Ok(OperatorListState { store: self.clone(), name: name.to_string(), _t: PhantomData })
+    }
+
+    /// The writable broadcast state (broadcast side only).
+    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> BroadcastState<K, V> {
+        self.lock().operator.broadcast.entry(d.name.clone()).or_default();
+        BroadcastState { read: ReadOnlyBroadcastState { store: self.clone(), name: d.name.clone(), _t: PhantomData } }
+    }
+
+    /// The read-only view of a broadcast state (keyed side).
+    pub fn read_only_broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> ReadOnlyBroadcastState<K, V> {
+        ReadOnlyBroadcastState { store: self.clone(), name: d.name.clone(), _t: PhantomData }
+    }
+}
+
+/// Handle to an operator list (even-split or union).
+#[derive(Clone)]
+pub struct OperatorListState<T> {
+    store: StateStore,
+    name: String,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: StateValue> OperatorListState<T> {
+    fn with<R>(&self, f: impl FnOnce(&mut OperatorList) -> R) -> R {
+        let mut g = self.store.lock();
+        let l = g.operator.lists.entry(self.name.clone()).or_insert(OperatorList { mode: Redistribution::EvenSplit, entries: Vec::new() });
+        f(l)
+    }
+    pub fn get(&self) -> Result<Vec<T>> {
+        self.with(|l| l.entries.iter().map(|b| de(b, &self.name)).collect())
+    }
+    pub fn add(&self, value: &T) -> Result<()> {
+        let mut buf = Vec::new();
+        ser_append(&mut buf, value, &self.name)?;
+        self.with(|l| l.entries.push(buf));
+        Ok(())
+    }
+    pub fn update(&self, values: &[T]) -> Result<()> {
+        let mut bufs = Vec::with_capacity(values.len());
+        for v in values {
+            let mut buf = Vec::new();
+            ser_append(&mut buf, v, &self.name)?;
+            bufs.push(buf);
+        }
+        self.with(|l| l.entries = bufs);
+        Ok(())
+    }
+    pub fn clear(&self) {
+        self.with(|l| l.entries.clear())
+    }
+}
+
+/// Read-only access to a broadcast map: all the keyed side may do.
+#[derive(Clone)]
+pub struct ReadOnlyBroadcastState<K, V> {
+    store: StateStore,
+    name: String,
+    _t: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K: StateValue, V: StateValue> ReadOnlyBroadcastState<K, V> {
+    pub fn get(&self, key: &K) -> Result<Option<V>> {
+        let mut kb = Vec::new();
+        ser_append(&mut kb, key, &self.name)?;
+        let g = self.store.lock();
+        match g.operator.broadcast.get(&self.name).and_then(|m| m.get(&kb)) {
+            Some(v) => Ok(Some(de(v, &self.name)?)),
+            None => Ok(None),
+        }
+    }
+    pub fn contains(&self, key: &K) -> Result<bool> {
+        Ok(self.get(key)?.is_some())
+    }
+    pub fn entries(&self) -> Result<Vec<(K, V)>> {
+        let g = self.store.lock();
+        let Some(m) = g.operator.broadcast.get(&self.name) else { return Ok(Vec::new()) };
+        m.iter().map(|(k, v)| Ok((de(k, &self.name)?, de(v, &self.name)?))).collect()
+    }
+}
+
+/// Writable broadcast map: only the broadcast side gets one.
+#[derive(Clone)]
+pub struct BroadcastState<K, V> {
+    read: ReadOnlyBroadcastState<K, V>,
+}
+
+impl<K: StateValue, V: StateValue> std::ops::Deref for BroadcastState<K, V> {
+    type Target = ReadOnlyBroadcastState<K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.read
+    }
+}
+
+impl<K: StateValue, V: StateValue> BroadcastState<K, V> {
+    pub fn put(&self, key: &K, value: &V) -> Result<()> {
+        let name = &self.read.name;
+        let mut kb = Vec::new();
+        ser_append(&mut kb, key, name)?;
+        let mut vb = Vec::new();
+        ser_append(&mut vb, value, name)?;
+        self.read.store.lock().operator.broadcast.entry(name.clone()).or_default().insert(kb, vb);
+        Ok(())
+    }
+    pub fn remove(&self, key: &K) -> Result<()> {
+        let name = &self.read.name;
+        let mut kb = Vec::new();
+        ser_append(&mut kb, key, name)?;
+        if let Some(m) = self.read.store.lock().operator.broadcast.get_mut(name) {
+            m.remove(&kb);
+        }
+        Ok(())
+    }
+    pub fn clear(&self) {
+        if let Some(m) = self.read.store.lock().operator.broadcast.get_mut(&self.read.name) {
+            m.clear();
+        }
+    }
+}

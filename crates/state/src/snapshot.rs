@@ -1,0 +1,563 @@
+//! Snapshots, restore and savepoints.
+//!
+//! A snapshot of one instance is a directory of files:
+//! - `state-meta.json`: format version, backend, max parallelism, key-group
+//!   range, instance index/count, the state registry (id → name, kind, TTL),
+//!   operator list/union state and broadcast state (bytes as hex).
+//! - keyed state and timers, either
+//!   - `keyed.bin` — the **canonical format** (hashmap snapshots and every
+//!     savepoint): magic `SSKV`, u32 LE version (1), then records
+//!     `0x01 [varint len][storage key][varint len][value]` in key order, then
+//!     the trailer `0x00 [u64 LE record count]`. Keys and values follow the
+//!     layout in [`crate::layout`], so any backend can load it; or
+//!   - `db/…` — a RocksDB checkpoint (rocksdb snapshots): hard links to
+//!     immutable SST files, so checkpoint storage deduplicates by file name and
+//!     SHA-256 and only new SSTs are copied (incremental).
+//!
+//! [`SnapshotResult`] lists every file with its size and SHA-256. Restore
+//! verifies them all before it touches live state, builds the new state in a
+//! fresh backend, and swaps it in only on success: nothing is half-restored.
+//! A savepoint is a canonical snapshot plus `savepoint.json` (its
+//! `SnapshotResult`), so the directory is self-describing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::backend::BackendKind;
+use crate::backend::rocks::scan_checkpoint;
+use crate::error::{IoContext, Result, StateError};
+use crate::keygroup::KeyGroupRange;
+use crate::layout::{self, FIRST_RESERVED_ID};
+use crate::operator::{OperatorList, OperatorStates, Redistribution};
+use crate::store::{Expiry, Inner, StateMeta, StateStore, expire_value, open_backend};
+
+pub const FORMAT_VERSION: u32 = 1;
+pub const META_FILE: &str = "state-meta.json";
+pub const KEYED_FILE: &str = "keyed.bin";
+pub const SAVEPOINT_MANIFEST: &str = "savepoint.json";
+const MAGIC: &[u8; 4] = b"SSKV";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyedFormat {
+    /// `keyed.bin`, the canonical backend-neutral format.
+    Canonical,
+    /// `db/`, a RocksDB checkpoint.
+    RocksdbCheckpoint,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotFile {
+    /// Relative to the snapshot directory, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// What a snapshot wrote; the runtime stores it in its checkpoint manifest
+/// and hands it back to [`StateStore::restore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotResult {
+    pub format_version: u32,
+    pub checkpoint_id: u64,
+    pub backend: BackendKind,
+    pub keyed_format: KeyedFormat,
+    pub max_parallelism: u32,
+    pub key_group_range: KeyGroupRange,
+    pub instance_index: u32,
+    pub instance_count: u32,
+    pub files: Vec<SnapshotFile>,
+}
+
+impl SnapshotResult {
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HexList {
+    mode: Redistribution,
+    entries: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct MetaFile {
+    format: String,
+    version: u32,
+    checkpoint_id: u64,
+    backend: BackendKind,
+    keyed_format: KeyedFormat,
+    max_parallelism: u32,
+    key_group_range: KeyGroupRange,
+    instance_index: u32,
+    instance_count: u32,
+    states: Vec<StateMeta>,
+    operator_lists: BTreeMap<String, HexList>,
+    broadcast: BTreeMap<String, Vec<(String, String)>>,
+}
+
+/// Hashes what it writes, so a snapshot file is read once, not twice.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<(u64, String)> {
+    let mut f = File::open(path).at(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf).at(path)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((size, hex::encode(h.finalize())))
+}
+
+fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<SnapshotFile> {
+    let file = File::create(path).at(path)?;
+    let mut w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, file), hasher: Sha256::new(), size: 0 };
+    f(&mut w)?;
+    w.flush().at(path)?;
+    let HashingWriter { inner, hasher, size } = w;
+    let file = inner.into_inner().map_err(|e| StateError::Io { path: path.to_path_buf(), source: e.into_error() })?;
+    file.sync_all().at(path)?;
+    Ok(SnapshotFile { path: String::new(), size, sha256: hex::encode(hasher.finalize()) })
+}
+
+impl Inner {
+    /// Writes keyed state and timers of the owned range in the canonical
+    /// format, leaving out entries expired under a full-snapshot cleanup.
+    fn write_canonical(&mut self, path: &Path) -> Result<SnapshotFile> {
+        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
+        let now = self.clock.now_ms();
+        let by_id = self.by_id.clone();
+        let backend = &mut self.backend;
+        write_hashed(path, |w| {
+            w.write_all(MAGIC).at(path)?;
+            w.write_all(&FORMAT_VERSION.to_le_bytes()).at(path)?;
+            let mut count = 0u64;
+            let mut err: Option<StateError> = None;
+            let mut rec = Vec::with_capacity(256);
+            backend.scan(&start, &end, &mut |k, v| {
+                let step = (|| -> Result<()> {
+                    let id = u16::from_be_bytes([k[2], k[3]]);
+                    let mut value = std::borrow::Cow::Borrowed(v);
+                    if let Some(ttl) = by_id.get(&id).and_then(|m| m.ttl.as_ref().filter(|t| t.cleanup.full_snapshot).map(|t| (m.kind, t))) {
+                        match expire_value(ttl.0, ttl.1, v, now)? {
+                            Expiry::Keep => {}
+                            Expiry::Remove => return Ok(()),
+                            Expiry::Rewrite(nv) => value = std::borrow::Cow::Owned(nv),
+                        }
+                    }
+                    rec.clear();
+                    rec.push(1);
+                    layout::put_varint(&mut rec, k.len() as u64);
+                    rec.extend_from_slice(k);
+                    layout::put_varint(&mut rec, value.len() as u64);
+                    rec.extend_from_slice(&value);
+                    w.write_all(&rec).at(path)?;
+                    count += 1;
+                    Ok(())
+                })();
+                match step {
+                    Ok(()) => true,
+                    Err(e) => {
+                        err = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+            w.write_all(&[0]).at(path)?;
+            w.write_all(&count.to_le_bytes()).at(path)?;
+            Ok(())
+        })
+    }
+
+    fn meta_file(&self, checkpoint_id: u64, keyed_format: KeyedFormat) -> MetaFile {
+        let mut states: Vec<StateMeta> = self.states.values().map(|m| (**m).clone()).collect();
+        states.sort_by_key(|m| m.id);
+        MetaFile {
+            format: "streamstate-state-meta".into(),
+            version: FORMAT_VERSION,
+            checkpoint_id,
+            backend: self.config.backend,
+            keyed_format,
+            max_parallelism: self.config.max_parallelism,
+            key_group_range: self.config.key_group_range,
+            instance_index: self.config.instance_index,
+            instance_count: self.config.instance_count,
+            states,
+            operator_lists: self
+                .operator
+                .lists
+                .iter()
+                .map(|(n, l)| (n.clone(), HexList { mode: l.mode, entries: l.entries.iter().map(hex::encode).collect() }))
+                .collect(),
+            broadcast: self
+                .operator
+                .broadcast
+                .iter()
+                .map(|(n, m)| (n.clone(), m.iter().map(|(k, v)| (hex::encode(k), hex::encode(v))).collect()))
+                .collect(),
+        }
+    }
+
+    fn snapshot_into(&mut self, checkpoint_id: u64, dir: &Path, canonical: bool) -> Result<SnapshotResult> {
+        std::fs::create_dir_all(dir).at(dir)?;
+        let mut files = Vec::new();
+        let native = if canonical { None } else { self.backend.native_snapshot(dir)? };
+        let keyed_format = match native {
+            Some(paths) => {
+                for rel in paths {
+                    let name = rel.to_string_lossy().replace('\\', "/");
+                    let full = dir.join(&rel);
+                    let is_sst = name.ends_with(".sst");
+                    let size = std::fs::metadata(&full).at(&full)?.len();
+                    let cached = if is_sst { self.sha_cache.get(&name).filter(|c| c.0 == size).cloned() } else { None };
+                    let (size, sha) = match cached {
+                        Some(c) => c,
+                        None => {
+                            let c = sha256_file(&full)?;
+                            if is_sst {
+                                self.sha_cache.insert(name.clone(), c.clone());
+                            }
+                            c
+                        }
+                    };
+                    files.push(SnapshotFile { path: name, size, sha256: sha });
+                }
+                KeyedFormat::RocksdbCheckpoint
+            }
+            None => {
+                let mut f = self.write_canonical(&dir.join(KEYED_FILE))?;
+                f.path = KEYED_FILE.into();
+                files.push(f);
+                KeyedFormat::Canonical
+            }
+        };
+        let meta = self.meta_file(checkpoint_id, keyed_format);
+        let meta_path = dir.join(META_FILE);
+        let mut mf = write_hashed(&meta_path, |w| {
+            serde_json::to_writer_pretty(&mut *w, &meta).map_err(|e| StateError::Invalid(e.to_string()))
+        })?;
+        mf.path = META_FILE.into();
+        files.push(mf);
+        Ok(SnapshotResult {
+            format_version: FORMAT_VERSION,
+            checkpoint_id,
+            backend: self.config.backend,
+            keyed_format,
+            max_parallelism: self.config.max_parallelism,
+            key_group_range: self.config.key_group_range,
+            instance_index: self.config.instance_index,
+            instance_count: self.config.instance_count,
+            files,
+        })
+    }
+}
+
+fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
+    let path = dir.join(&f.path);
+    if !path.is_file() {
+        return Err(StateError::Corrupt { path, reason: "file is missing".into() });
+    }
+    let (size, sha) = sha256_file(&path)?;
+    if size != f.size {
+        return Err(StateError::Corrupt { path, reason: format!("size {size} != expected {}", f.size) });
+    }
+    if sha != f.sha256 {
+        return Err(StateError::Corrupt { path, reason: format!("SHA-256 {sha} != expected {}", f.sha256) });
+    }
+    Ok(())
+}
+
+fn read_meta(dir: &Path) -> Result<MetaFile> {
+    let path = dir.join(META_FILE);
+    let file = File::open(&path).at(&path)?;
+    let meta: MetaFile = serde_json::from_reader(BufReader::new(file)).map_err(|e| StateError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+    if meta.format != "streamstate-state-meta" || meta.version != FORMAT_VERSION {
+        return Err(StateError::Corrupt { path, reason: format!("unknown format {} v{}", meta.format, meta.version) });
+    }
+    Ok(meta)
+}
+
+/// Reads a canonical keyed file, calling `f` for every record.
+fn read_canonical(path: &Path, f: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+    let corrupt = |reason: &str| StateError::Corrupt { path: path.to_path_buf(), reason: reason.into() };
+    let mut data = Vec::new();
+    File::open(path).at(path)?.read_to_end(&mut data).at(path)?;
+    if data.len() < 8 || &data[..4] != MAGIC {
+        return Err(corrupt("bad magic"));
+    }
+    if data[4..8] != FORMAT_VERSION.to_le_bytes() {
+        return Err(corrupt("unsupported version"));
+    }
+    let mut pos = 8;
+    let mut count = 0u64;
+    loop {
+        match data.get(pos) {
+            None => return Err(corrupt("truncated: no trailer")),
+            Some(0) => {
+                let t = data.get(pos + 1..pos + 9).ok_or_else(|| corrupt("truncated trailer"))?;
+                let expected = u64::from_le_bytes(t.try_into().map_err(|_| corrupt("truncated trailer"))?);
+                if expected != count || data.len() != pos + 9 {
+                    return Err(corrupt("record count mismatch"));
+                }
+                return Ok(());
+            }
+            Some(1) => {
+                pos += 1;
+                let (kl, n) = layout::get_varint(&data[pos..]).ok_or_else(|| corrupt("truncated record"))?;
+                pos += n;
+                let k = data.get(pos..pos + kl as usize).ok_or_else(|| corrupt("truncated record"))?;
+                pos += kl as usize;
+                let (vl, n) = layout::get_varint(data.get(pos..).unwrap_or(&[])).ok_or_else(|| corrupt("truncated record"))?;
+                pos += n;
+                let v = data.get(pos..pos + vl as usize).ok_or_else(|| corrupt("truncated record"))?;
+                pos += vl as usize;
+                if k.len() < 4 {
+                    return Err(corrupt("short key"));
+                }
+                f(k, v)?;
+                count += 1;
+            }
+            Some(_) => return Err(corrupt("bad record tag")),
+        }
+    }
+}
+
+fn redistribute(lists: Vec<(u32, u32, BTreeMap<String, HexList>)>, index: u32, count: u32) -> Result<BTreeMap<String, OperatorList>> {
+    let decode = |s: &String| hex::decode(s).map_err(|e| StateError::Invalid(format!("operator state: {e}")));
+    let same_parallelism = lists.len() as u32 == count && lists.iter().all(|(_, c, _)| *c == count);
+    let mut by_name: BTreeMap<String, (Redistribution, Vec<(u32, Vec<Vec<u8>>)>)> = BTreeMap::new();
+    for (old_index, _, l) in lists {
+        for (name, hl) in l {
+            let entries = hl.entries.iter().map(decode).collect::<Result<Vec<_>>>()?;
+            by_name.entry(name).or_insert((hl.mode, Vec::new())).1.push((old_index, entries));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (name, (mode, mut parts)) in by_name {
+        parts.sort_by_key(|p| p.0);
+        let entries = match mode {
+            Redistribution::Union => parts.into_iter().flat_map(|p| p.1).collect(),
+            Redistribution::EvenSplit if same_parallelism => parts.into_iter().filter(|p| p.0 == index).flat_map(|p| p.1).collect(),
+            Redistribution::EvenSplit => {
+                let all: Vec<Vec<u8>> = parts.into_iter().flat_map(|p| p.1).collect();
+                let n = all.len() as u64;
+                let lo = (index as u64 * n / count as u64) as usize;
+                let hi = ((index as u64 + 1) * n / count as u64) as usize;
+                all[lo..hi].to_vec()
+            }
+        };
+        out.insert(name, OperatorList { mode, entries });
+    }
+    Ok(out)
+}
+
+impl StateStore {
+    /// Synchronously writes everything (keyed state and timers of the owned
+    /// key-group range, operator and broadcast state) under `target_dir`.
+    /// rocksdb: a checkpoint (hard links) plus `state-meta.json`;
+    /// hashmap: `keyed.bin` plus `state-meta.json`.
+    pub fn snapshot(&self, checkpoint_id: u64, target_dir: &Path) -> Result<SnapshotResult> {
+        self.lock().snapshot_into(checkpoint_id, target_dir, false)
+    }
+
+    /// Writes a savepoint in the canonical, backend-neutral format, with
+    /// `savepoint.json` describing it.
+    pub fn write_savepoint(&self, savepoint_id: u64, dir: &Path) -> Result<SnapshotResult> {
+        let result = self.lock().snapshot_into(savepoint_id, dir, true)?;
+        let path = dir.join(SAVEPOINT_MANIFEST);
+        let json = serde_json::to_vec_pretty(&result).map_err(|e| StateError::Invalid(e.to_string()))?;
+        std::fs::write(&path, json).at(&path)?;
+        Ok(result)
+    }
+
+    /// Restores from savepoint directories (one per old instance).
+    pub fn restore_savepoint(&self, dirs: &[PathBuf]) -> Result<()> {
+        let mut parts = Vec::new();
+        for d in dirs {
+            let path = d.join(SAVEPOINT_MANIFEST);
+            let bytes = std::fs::read(&path).at(&path)?;
+            let r: SnapshotResult = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+            parts.push((d.clone(), r));
+        }
+        self.restore(&parts)
+    }
+
+    /// Replaces all state with the snapshot `parts` (one per old instance:
+    /// pass every part of the checkpoint, since operator state is spread
+    /// over all of them). Keyed state is kept only for this store's
+    /// key-group range, so this is also how rescaling restores. Every file
+    /// is checked (size, SHA-256) before live state is touched.
+    pub fn restore(&self, parts: &[(PathBuf, SnapshotResult)]) -> Result<()> {
+        let mut g = self.lock();
+        let range = g.config.key_group_range;
+        // 1. Check everything first.
+        let mut metas = Vec::with_capacity(parts.len());
+        for (dir, r) in parts {
+            if r.format_version != FORMAT_VERSION {
+                return Err(StateError::Incompatible(format!("{}: format version {}", dir.display(), r.format_version)));
+            }
+            if r.max_parallelism != g.config.max_parallelism {
+                return Err(StateError::Incompatible(format!(
+                    "{}: max_parallelism {} differs from this store's {}",
+                    dir.display(),
+                    r.max_parallelism,
+                    g.config.max_parallelism
+                )));
+            }
+            let needed = r.key_group_range.intersects(&range);
+            let meta_entry = r.files.iter().find(|f| f.path == META_FILE).ok_or_else(|| StateError::Corrupt {
+                path: dir.join(META_FILE),
+                reason: "not listed in the snapshot".into(),
+            })?;
+            for f in &r.files {
+                if needed || std::ptr::eq(f, meta_entry) {
+                    verify_file(dir, f)?;
+                }
+            }
+            let meta = read_meta(dir)?;
+            if meta.max_parallelism != r.max_parallelism || meta.key_group_range != r.key_group_range {
+                return Err(StateError::Corrupt { path: dir.join(META_FILE), reason: "disagrees with the snapshot result".into() });
+            }
+            metas.push((dir.clone(), r.clone(), meta, needed));
+        }
+        // 2. Registry: keep live ids (handles stay valid), add new names.
+        let mut states: HashMap<String, Arc<StateMeta>> = g.states.clone();
+        let mut next_id = g.next_id;
+        let mut remaps: Vec<HashMap<u16, u16>> = Vec::new();
+        for (dir, _, meta, _) in &metas {
+            let mut remap = HashMap::new();
+            for s in &meta.states {
+                let id = match states.get(&s.name) {
+                    Some(live) if live.kind != s.kind => {
+                        return Err(StateError::KindMismatch { name: s.name.clone(), existing: live.kind.to_string(), requested: format!("{} (in {})", s.kind, dir.display()) });
+                    }
+                    Some(live) => live.id,
+                    None => {
+                        if next_id >= FIRST_RESERVED_ID {
+                            return Err(StateError::Invalid("too many states".into()));
+                        }
+                        let m = Arc::new(StateMeta { id: next_id, ..s.clone() });
+                        next_id += 1;
+                        states.insert(s.name.clone(), m.clone());
+                        m.id
+                    }
+                };
+                remap.insert(s.id, id);
+            }
+            remaps.push(remap);
+        }
+        // 3. Build the new keyed state in a fresh backend.
+        let generation = g.generation + 1;
+        let mut backend = open_backend(&g.config, generation, &g.ttl_registry, &g.clock)?;
+        let log_dir = g.config.work_dir.join("restore-logs");
+        let fill = (|| -> Result<()> {
+            let (start, end) = layout::key_group_bounds(range.start, range.end);
+            for ((dir, r, _, needed), remap) in metas.iter().zip(&remaps) {
+                if !needed {
+                    continue;
+                }
+                let mut key = Vec::with_capacity(64);
+                let mut put = |k: &[u8], v: &[u8]| -> Result<()> {
+                    let kg = u16::from_be_bytes([k[0], k[1]]) as u32;
+                    if !range.contains(kg) {
+                        return Ok(());
+                    }
+                    let id = u16::from_be_bytes([k[2], k[3]]);
+                    let new_id = if id >= FIRST_RESERVED_ID {
+                        id
+                    } else {
+                        *remap.get(&id).ok_or_else(|| StateError::Corrupt { path: dir.join(META_FILE), reason: format!("state id {id} not registered") })?
+                    };
+                    key.clear();
+                    key.extend_from_slice(k);
+                    key[2..4].copy_from_slice(&new_id.to_be_bytes());
+                    backend.put(&key, v)
+                };
+                match r.keyed_format {
+                    KeyedFormat::Canonical => read_canonical(&dir.join(KEYED_FILE), &mut put)?,
+                    KeyedFormat::RocksdbCheckpoint => {
+                        std::fs::create_dir_all(&log_dir).at(&log_dir)?;
+                        scan_checkpoint(&dir.join("db"), &log_dir, &start, &end, &mut put)?
+                    }
+                }
+            }
+            backend.flush()
+        })();
+        let operator = match fill.and_then(|_| {
+            let lists = metas.iter().map(|(_, r, m, _)| (r.instance_index, r.instance_count, m.operator_lists.clone())).collect();
+            let lists = redistribute(lists, g.config.instance_index, g.config.instance_count)?;
+            let mut broadcast = BTreeMap::new();
+            if let Some((_, _, m, _)) = metas.iter().min_by_key(|(_, r, _, _)| r.instance_index) {
+                for (name, entries) in &m.broadcast {
+                    let mut map = BTreeMap::new();
+                    for (k, v) in entries {
+                        let k = hex::decode(k).map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
+                        let v = hex::decode(v).map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
+                        map.insert(k, v);
+                    }
+                    broadcast.insert(name.clone(), map);
+                }
+            }
+            Ok(OperatorStates { lists, broadcast })
+        }) {
+            Ok(o) => o,
+            Err(e) => {
+                drop(backend);
+                let _ = std::fs::remove_dir_all(g.config.work_dir.join(format!("rocksdb-{generation}")));
+                return Err(e);
+            }
+        };
+        // 4. Swap in.
+        let old = std::mem::replace(&mut g.backend, backend);
+        drop(old);
+        let old_dir = g.config.work_dir.join(format!("rocksdb-{}", g.generation));
+        if old_dir.exists() {
+            std::fs::remove_dir_all(&old_dir).at(&old_dir)?;
+        }
+        g.generation = generation;
+        g.states.clear();
+        g.by_id.clear();
+        for m in states.into_values() {
+            g.install(m);
+        }
+        g.next_id = next_id;
+        g.operator = operator;
+        g.restored = true;
+        g.sha_cache.clear();
+        g.cursor.clear();
+        g.rebuild_timer_index()?;
+        Ok(())
+    }
+}

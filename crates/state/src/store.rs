@@ -1,0 +1,484 @@
+//! `StateStore`: the one object the runtime owns per instance. It holds the
+//! backend, the current key and namespace, the registry of named states, the
+//! timers and the operator/broadcast state, behind one mutex so typed handles
+//! are cheap `Arc` clones that can be cached in user functions and sent
+//! across threads.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::heap::HeapBackend;
+use crate::backend::rocks::{RocksBackend, TtlRegistry};
+use crate::backend::{BackendKind, KvBackend};
+use crate::clock::{Clock, SystemClock};
+use crate::descriptor::StateKind;
+use crate::error::{IoContext, Result, StateError};
+use crate::keygroup::{KeyGroupRange, MAX_MAX_PARALLELISM, key_group_for};
+use crate::layout::{self, FIRST_RESERVED_ID};
+use crate::operator::OperatorStates;
+use crate::timers::TimerIndex;
+use crate::ttl::{StateVisibility, TS_LEN, TtlConfig, UpdateType, read_ts};
+
+/// How to open a store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoreConfig {
+    pub backend: BackendKind,
+    /// Local working directory; RocksDB lives under it. Wiped on open: live
+    /// state always comes from a checkpoint, never from a previous run's disk.
+    pub work_dir: PathBuf,
+    /// Fixed at the first start; every snapshot records it.
+    pub max_parallelism: u32,
+    pub key_group_range: KeyGroupRange,
+    /// This instance's index and the number of instances, for operator-state
+    /// redistribution on restore.
+    pub instance_index: u32,
+    pub instance_count: u32,
+}
+
+impl StoreConfig {
+    /// A single instance owning every key group.
+    pub fn new(backend: BackendKind, work_dir: impl Into<PathBuf>, max_parallelism: u32) -> Self {
+        Self {
+            backend,
+            work_dir: work_dir.into(),
+            max_parallelism,
+            key_group_range: KeyGroupRange::all(max_parallelism.max(1)),
+            instance_index: 0,
+            instance_count: 1,
+        }
+    }
+
+    /// Instance `index` of `count`, with the standard key-group range.
+    pub fn for_instance(mut self, index: u32, count: u32) -> Self {
+        self.instance_index = index;
+        self.instance_count = count;
+        self.key_group_range = KeyGroupRange::for_instance(self.max_parallelism, count, index);
+        self
+    }
+}
+
+/// A registered state: its name is its identity, its id a 2-byte storage
+/// prefix local to this store (restore remaps ids by name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StateMeta {
+    pub id: u16,
+    pub name: String,
+    pub kind: StateKind,
+    pub ttl: Option<TtlConfig>,
+}
+
+pub(crate) struct Inner {
+    pub backend: Box<dyn KvBackend>,
+    pub config: StoreConfig,
+    pub clock: Arc<dyn Clock>,
+    pub states: HashMap<String, Arc<StateMeta>>,
+    pub by_id: HashMap<u16, Arc<StateMeta>>,
+    pub next_id: u16,
+    pub ttl_registry: TtlRegistry,
+    pub key: Vec<u8>,
+    pub kg: u32,
+    pub has_key: bool,
+    pub ns: Vec<u8>,
+    /// Scratch buffers reused on every access so the hot path does not allocate.
+    pub kbuf: Vec<u8>,
+    pub vbuf: Vec<u8>,
+    pub sbuf: Vec<u8>,
+    pub timers: TimerIndex,
+    pub operator: OperatorStates,
+    pub restored: bool,
+    pub incremental: Option<u32>,
+    pub cursor: Vec<u8>,
+    /// SHA-256 of immutable SST files by name and size: an incremental
+    /// snapshot hashes only the new ones.
+    pub sha_cache: HashMap<String, (u64, String)>,
+    pub generation: u64,
+}
+
+/// The per-instance state store. Cloning shares it.
+#[derive(Clone)]
+pub struct StateStore {
+    pub(crate) inner: Arc<Mutex<Inner>>,
+}
+
+pub(crate) fn ser_append<T: Serialize + ?Sized>(buf: &mut Vec<u8>, v: &T, state: &str) -> Result<()> {
+    let taken = std::mem::take(buf);
+    *buf = postcard::to_extend(v, taken).map_err(|e| StateError::Serde { state: state.to_string(), message: e.to_string() })?;
+    Ok(())
+}
+
+pub(crate) fn de<T: DeserializeOwned>(bytes: &[u8], state: &str) -> Result<T> {
+    postcard::from_bytes(bytes).map_err(|e| StateError::Serde { state: state.to_string(), message: e.to_string() })
+}
+
+pub(crate) fn open_backend(config: &StoreConfig, generation: u64, registry: &TtlRegistry, clock: &Arc<dyn Clock>) -> Result<Box<dyn KvBackend>> {
+    Ok(match config.backend {
+        BackendKind::Hashmap => Box::new(HeapBackend::new()),
+        BackendKind::Rocksdb => {
+            let path = config.work_dir.join(format!("rocksdb-{generation}"));
+            if path.exists() {
+                std::fs::remove_dir_all(&path).at(&path)?;
+            }
+            Box::new(RocksBackend::open(&path, registry.clone(), clock.clone())?)
+        }
+    })
+}
+
+impl StateStore {
+    /// Opens an empty store with the system clock.
+    pub fn open(config: StoreConfig) -> Result<Self> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Opens an empty store; `clock` drives TTL and processing time.
+    pub fn open_with_clock(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        let mp = config.max_parallelism;
+        if mp == 0 || mp > MAX_MAX_PARALLELISM {
+            return Err(StateError::Invalid(format!("max_parallelism {mp} not in 1..={MAX_MAX_PARALLELISM}")));
+        }
+        if config.key_group_range.end >= mp {
+            return Err(StateError::Invalid(format!("key group range {} exceeds max_parallelism {mp}", config.key_group_range)));
+        }
+        if config.instance_count == 0 || config.instance_index >= config.instance_count {
+            return Err(StateError::Invalid("instance_index must be < instance_count".into()));
+        }
+        std::fs::create_dir_all(&config.work_dir).at(&config.work_dir)?;
+        // Live state never survives a restart on its own: clear old backends.
+        for entry in std::fs::read_dir(&config.work_dir).at(&config.work_dir)? {
+            let entry = entry.at(&config.work_dir)?;
+            if entry.file_name().to_string_lossy().starts_with("rocksdb-") {
+                std::fs::remove_dir_all(entry.path()).at(entry.path())?;
+            }
+        }
+        let registry: TtlRegistry = Default::default();
+        let backend = open_backend(&config, 0, &registry, &clock)?;
+        Ok(Self {
+            inner: Arc::new(Mutex::new(Inner {
+                backend,
+                config,
+                clock,
+                states: HashMap::new(),
+                by_id: HashMap::new(),
+                next_id: 0,
+                ttl_registry: registry,
+                key: Vec::new(),
+                kg: 0,
+                has_key: false,
+                ns: Vec::new(),
+                kbuf: Vec::with_capacity(64),
+                vbuf: Vec::with_capacity(256),
+                sbuf: Vec::with_capacity(256),
+                timers: TimerIndex::default(),
+                operator: OperatorStates::default(),
+                restored: false,
+                incremental: None,
+                cursor: Vec::new(),
+                sha_cache: HashMap::new(),
+                generation: 0,
+            })),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    pub fn backend_kind(&self) -> BackendKind {
+        self.lock().config.backend
+    }
+
+    pub fn max_parallelism(&self) -> u32 {
+        self.lock().config.max_parallelism
+    }
+
+    pub fn key_group_range(&self) -> KeyGroupRange {
+        self.lock().config.key_group_range
+    }
+
+    /// Whether state came from a snapshot or savepoint (Flink's `isRestored`).
+    pub fn is_restored(&self) -> bool {
+        self.lock().restored
+    }
+
+    /// Scopes keyed state and timers to `key` (the record's key bytes, the
+    /// same bytes Kafka partitions on). Returns the key group. Errors if the
+    /// key belongs to a key group this instance does not own.
+    pub fn set_current_key(&self, key: &[u8]) -> Result<u32> {
+        let mut g = self.lock();
+        let kg = key_group_for(key, g.config.max_parallelism);
+        if !g.config.key_group_range.contains(kg) {
+            return Err(StateError::Invalid(format!(
+                "key {} is in key group {kg}, outside this instance's range {}",
+                hex::encode(key),
+                g.config.key_group_range
+            )));
+        }
+        g.key.clear();
+        g.key.extend_from_slice(key);
+        g.kg = kg;
+        g.has_key = true;
+        if let Some(n) = g.incremental {
+            g.incremental_cleanup(n)?;
+        }
+        Ok(kg)
+    }
+
+    pub fn current_key(&self) -> Option<Vec<u8>> {
+        let g = self.lock();
+        g.has_key.then(|| g.key.clone())
+    }
+
+    /// Scopes keyed state to a namespace (a window, for instance); the empty
+    /// namespace is the default. Stays set until changed.
+    pub fn set_current_namespace(&self, ns: &[u8]) {
+        let mut g = self.lock();
+        g.ns.clear();
+        g.ns.extend_from_slice(ns);
+    }
+
+    /// Makes buffered writes durable enough for a snapshot (RocksDB memtable flush).
+    pub fn flush(&self) -> Result<()> {
+        self.lock().backend.flush()
+    }
+
+    /// Runs backend compaction; with RocksDB this applies the TTL compaction filter.
+    pub fn compact(&self) -> Result<()> {
+        self.lock().backend.compact()
+    }
+
+    /// Approximate number of stored entries (RocksDB's estimate).
+    pub fn approximate_entries(&self) -> Result<u64> {
+        self.lock().backend.approximate_len()
+    }
+
+    pub(crate) fn register(&self, name: &str, kind: StateKind, ttl: Option<TtlConfig>) -> Result<Arc<StateMeta>> {
+        self.lock().register(name, kind, ttl)
+    }
+}
+
+impl Inner {
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub fn register(&mut self, name: &str, kind: StateKind, ttl: Option<TtlConfig>) -> Result<Arc<StateMeta>> {
+        if let Some(existing) = self.states.get(name) {
+            if existing.kind != kind {
+                return Err(StateError::KindMismatch { name: name.into(), existing: existing.kind.to_string(), requested: kind.to_string() });
+            }
+            if existing.ttl == ttl {
+                return Ok(existing.clone());
+            }
+            let meta = Arc::new(StateMeta { id: existing.id, name: name.into(), kind, ttl });
+            self.install(meta.clone());
+            return Ok(meta);
+        }
+        if self.next_id >= FIRST_RESERVED_ID {
+            return Err(StateError::Invalid("too many states".into()));
+        }
+        let meta = Arc::new(StateMeta { id: self.next_id, name: name.into(), kind, ttl });
+        self.next_id += 1;
+        self.install(meta.clone());
+        Ok(meta)
+    }
+
+    pub fn install(&mut self, meta: Arc<StateMeta>) {
+        self.next_id = self.next_id.max(meta.id + 1);
+        {
+            let mut reg = self.ttl_registry.write();
+            match &meta.ttl {
+                Some(t) => {
+                    reg.insert(meta.id, (meta.kind, t.clone()));
+                }
+                None => {
+                    reg.remove(&meta.id);
+                }
+            }
+        }
+        self.states.insert(meta.name.clone(), meta.clone());
+        self.by_id.insert(meta.id, meta);
+        self.incremental = self.states.values().filter_map(|m| m.ttl.as_ref()?.cleanup.incremental).max();
+    }
+
+    /// Writes `[kg][id][key][ns]` into `kbuf`.
+    #[inline]
+    pub fn prefix(&mut self, id: u16) -> Result<()> {
+        if !self.has_key {
+            return Err(StateError::NoCurrentKey);
+        }
+        layout::encode_prefix(&mut self.kbuf, self.kg, id, &self.key, &self.ns);
+        Ok(())
+    }
+
+    /// Reads the single value at `kbuf`, applying TTL. Returns the offset of
+    /// the payload in `vbuf`. `for_update` reads ignore visibility: an
+    /// expired value never feeds a reduce or aggregate.
+    pub fn get_entry(&mut self, meta: &StateMeta, for_update: bool) -> Result<Option<usize>> {
+        if !self.backend.get(&self.kbuf, &mut self.vbuf)? {
+            return Ok(None);
+        }
+        let Some(ttl) = &meta.ttl else { return Ok(Some(0)) };
+        let ts = read_ts(&self.vbuf).ok_or_else(|| StateError::Invalid(format!("state '{}': value without TTL timestamp", meta.name)))?;
+        let now = self.clock.now_ms();
+        if ttl.is_expired(ts, now) {
+            self.backend.delete(&self.kbuf)?;
+            let visible = !for_update && ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp;
+            return Ok(visible.then_some(TS_LEN));
+        }
+        if ttl.update_type == UpdateType::OnReadAndWrite && !for_update {
+            self.vbuf[..TS_LEN].copy_from_slice(&now.to_le_bytes());
+            self.backend.put(&self.kbuf, &self.vbuf)?;
+        }
+        Ok(Some(TS_LEN))
+    }
+
+    /// Writes `value` at `kbuf` (with a fresh TTL timestamp).
+    pub fn put_entry<T: Serialize + ?Sized>(&mut self, meta: &StateMeta, value: &T) -> Result<()> {
+        self.vbuf.clear();
+        if meta.ttl.is_some() {
+            let now = self.clock.now_ms();
+            self.vbuf.extend_from_slice(&now.to_le_bytes());
+        }
+        ser_append(&mut self.vbuf, value, &meta.name)?;
+        self.backend.put(&self.kbuf, &self.vbuf)
+    }
+
+    /// Frames one list element (timestamp + payload) into `sbuf`.
+    pub fn frame_element<T: Serialize>(&mut self, meta: &StateMeta, value: &T, now: u64) -> Result<()> {
+        self.vbuf.clear();
+        if meta.ttl.is_some() {
+            self.vbuf.extend_from_slice(&now.to_le_bytes());
+        }
+        ser_append(&mut self.vbuf, value, &meta.name)?;
+        layout::append_list_element(&mut self.sbuf, &self.vbuf);
+        Ok(())
+    }
+
+    /// Reads a list at `kbuf`, applying per-element TTL and cleanup on read.
+    /// Returns the visible elements' payloads.
+    pub fn get_list(&mut self, meta: &StateMeta) -> Result<Vec<Vec<u8>>> {
+        if !self.backend.get(&self.kbuf, &mut self.vbuf)? {
+            return Ok(Vec::new());
+        }
+        let elems = layout::list_elements(&self.vbuf)?;
+        let Some(ttl) = &meta.ttl else {
+            return Ok(elems.into_iter().map(|e| e.to_vec()).collect());
+        };
+        let now = self.clock.now_ms();
+        let mut out = Vec::with_capacity(elems.len());
+        let mut keep: Vec<&[u8]> = Vec::with_capacity(elems.len());
+        let mut changed = false;
+        for e in elems {
+            let ts = read_ts(e).ok_or_else(|| StateError::Invalid(format!("state '{}': list element without timestamp", meta.name)))?;
+            if ttl.is_expired(ts, now) {
+                changed = true;
+                if ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp {
+                    out.push(e[TS_LEN..].to_vec());
+                }
+            } else {
+                out.push(e[TS_LEN..].to_vec());
+                keep.push(e);
+            }
+        }
+        let refresh = ttl.update_type == UpdateType::OnReadAndWrite && !keep.is_empty();
+        if changed || refresh {
+            let mut rewritten = Vec::with_capacity(self.vbuf.len());
+            for e in keep.iter() {
+                if refresh {
+                    let mut el = Vec::with_capacity(e.len());
+                    el.extend_from_slice(&now.to_le_bytes());
+                    el.extend_from_slice(&e[TS_LEN..]);
+                    layout::append_list_element(&mut rewritten, &el);
+                } else {
+                    layout::append_list_element(&mut rewritten, e);
+                }
+            }
+            if keep.is_empty() {
+                self.backend.delete(&self.kbuf)?;
+            } else {
+                self.backend.put(&self.kbuf, &rewritten)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes every entry under the prefix in `kbuf` (map state clear).
+    pub fn delete_prefix(&mut self) -> Result<()> {
+        let end = layout::prefix_end(&self.kbuf);
+        let mut keys = Vec::new();
+        self.backend.scan(&self.kbuf, &end, &mut |k, _| {
+            keys.push(k.to_vec());
+            true
+        })?;
+        for k in keys {
+            self.backend.delete(&k)?;
+        }
+        Ok(())
+    }
+
+    /// Visits up to `n` stored entries after the cursor and drops the
+    /// expired ones of states with incremental cleanup (wrapping around).
+    pub fn incremental_cleanup(&mut self, n: u32) -> Result<()> {
+        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
+        let from = if self.cursor.is_empty() || self.cursor < start { start.clone() } else { self.cursor.clone() };
+        let mut seen: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        self.backend.scan(&from, &end, &mut |k, v| {
+            seen.push((k.to_vec(), v.to_vec()));
+            seen.len() < n as usize
+        })?;
+        self.cursor = match seen.last() {
+            Some((k, _)) if seen.len() >= n as usize => {
+                let mut c = k.clone();
+                c.push(0);
+                c
+            }
+            _ => Vec::new(),
+        };
+        let now = self.clock.now_ms();
+        for (k, v) in seen {
+            let id = u16::from_be_bytes([k[2], k[3]]);
+            let Some(meta) = self.by_id.get(&id).cloned() else { continue };
+            let Some(ttl) = &meta.ttl else { continue };
+            if ttl.cleanup.incremental.is_none() {
+                continue;
+            }
+            match expire_value(meta.kind, ttl, &v, now)? {
+                Expiry::Keep => {}
+                Expiry::Remove => self.backend.delete(&k)?,
+                Expiry::Rewrite(nv) => self.backend.put(&k, &nv)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) enum Expiry {
+    Keep,
+    Remove,
+    Rewrite(Vec<u8>),
+}
+
+/// What cleanup (incremental, full snapshot) does with one stored value.
+pub(crate) fn expire_value(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
+    if kind == StateKind::List {
+        let elems = layout::list_elements(v)?;
+        let live: Vec<&[u8]> = elems.iter().copied().filter(|e| !read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now))).collect();
+        return Ok(if live.is_empty() {
+            Expiry::Remove
+        } else if live.len() == elems.len() {
+            Expiry::Keep
+        } else {
+            let mut out = Vec::new();
+            for e in live {
+                layout::append_list_element(&mut out, e);
+            }
+            Expiry::Rewrite(out)
+        });
+    }
+    Ok(if read_ts(v).is_some_and(|ts| ttl.is_expired(ts, now)) { Expiry::Remove } else { Expiry::Keep })
+}

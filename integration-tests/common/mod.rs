@@ -1,0 +1,356 @@
+//! Shared rig for integration tests on the real broker started by `kafka/kafka.sh`.
+//!
+//! The checking side here reads with its own consumers and recomputes expectations from
+//! the input it produced; it shares no processing code with the service.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_streamstate");
+
+pub fn bootstrap() -> String {
+    std::env::var("STREAMSTATE_TEST_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".to_string())
+}
+
+/// Polls `cond` until it holds or the deadline passes; panics with `what` on timeout.
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A name no other test (or earlier run) uses, so tests share one broker safely.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("{prefix}-{}-{}-{}", std::process::id(), now, N.fetch_add(1, Ordering::SeqCst))
+}
+
+pub fn create_topics(topics: &[(&str, i32)]) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
+    let new: Vec<NewTopic> = topics.iter().map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1))).collect();
+    let results = futures::executor::block_on(admin.create_topics(&new, &AdminOptions::new()))
+        .unwrap_or_else(|e| panic!("create topics on {} (is the broker up? integration-tests/kafka/kafka.sh start): {e}", bootstrap()));
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+    // Metadata propagates asynchronously even on one broker: wait until every partition has a leader.
+    let probe = consumer(None, false);
+    for (name, partitions) in topics {
+        wait_until(&format!("topic {name} to have leaders"), Duration::from_secs(30), || {
+            probe.fetch_metadata(Some(name), Duration::from_secs(5)).is_ok_and(|md| {
+                md.topics().iter().any(|t| {
+                    t.name() == *name
+                        && t.partitions().len() == *partitions as usize
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                })
+            })
+        });
+    }
+}
+
+/// A producer that partitions keys like the Java client (murmur2), as upstream apps would.
+pub fn producer() -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
+pub fn produce(producer: &BaseProducer, topic: &str, key: Option<&str>, payload: &[u8]) {
+    let mut record = BaseRecord::<str, [u8]>::to(topic).payload(payload);
+    if let Some(k) = key {
+        record = record.key(k);
+    }
+    let mut record = Some(record);
+    while let Some(r) = record.take() {
+        if let Err((e, r)) = producer.send(r) {
+            assert!(matches!(e, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)), "produce: {e}");
+            producer.poll(Duration::from_millis(50));
+            record = Some(r);
+        }
+    }
+}
+
+pub fn flush(producer: &BaseProducer) {
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+pub fn consumer(group: Option<&str>, read_committed: bool) -> BaseConsumer {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", bootstrap())
+        .set("group.id", group.map_or_else(|| unique("checker"), str::to_string))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" });
+    cc.create().expect("consumer")
+}
+
+/// One record as the checker sees it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Record {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(self.value.as_deref().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("output at {}:{} is not JSON: {e}", self.partition, self.offset))
+    }
+}
+
+/// Reads every committed record of `topic`, up to the end offsets seen when called.
+/// Fails if an open transaction keeps the read_committed reader from reaching the end.
+pub fn read_all(topic: &str, read_committed: bool) -> Vec<Record> {
+    let c = consumer(None, read_committed);
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
+    let parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in &parts {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning).expect("tpl");
+        ends.insert(*p, c.fetch_watermarks(topic, *p, Duration::from_secs(10)).expect("watermarks").1);
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = parts.iter().all(|p| {
+            let pos = c.position().ok().and_then(|tpl| tpl.find_partition(topic, *p).map(|e| e.offset()));
+            ends[p] == 0 || matches!(pos, Some(Offset::Offset(o)) if o >= ends[p])
+        });
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reading {topic}: end offsets {ends:?} not reached (open transaction?)");
+        if let Some(m) = c.poll(Duration::from_millis(200)) {
+            let m = m.expect("consume");
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Record {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers,
+            });
+        }
+    }
+    out
+}
+
+/// Sum of the group's committed offsets over the topic's partitions.
+pub fn committed_total(group: &str, topic: &str, partitions: i32) -> i64 {
+    let c = consumer(Some(group), true);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    match c.committed_offsets(tpl, Duration::from_secs(10)) {
+        Ok(got) => got.elements().iter().map(|e| if let Offset::Offset(o) = e.offset() { o } else { 0 }).sum(),
+        Err(_) => 0,
+    }
+}
+
+pub fn end_offsets_total(topic: &str, partitions: i32) -> i64 {
+    let c = consumer(None, false);
+    (0..partitions).map(|p| c.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks").1).sum()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// Minimal HTTP/1.1 client for the admin endpoints: (status, body).
+pub fn http(method: &str, addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Reads a counter's value (summed over labels) from a Prometheus text page.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Topics and a config for one service under test.
+pub struct Job {
+    pub dir: tempfile::TempDir,
+    pub app_id: String,
+    pub input: String,
+    pub output: String,
+    pub dlq: String,
+    pub partitions: i32,
+    pub admin: SocketAddr,
+}
+
+impl Job {
+    pub fn new(name: &str, partitions: i32) -> Self {
+        let app_id = unique(name);
+        let job = Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            input: format!("{app_id}-in"),
+            output: format!("{app_id}-out"),
+            dlq: format!("{app_id}-dlq"),
+            app_id,
+            partitions,
+            admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
+        };
+        create_topics(&[(&job.input, partitions), (&job.output, partitions), (&job.dlq, 1)]);
+        job
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("streamstate.toml")
+    }
+
+    /// Writes the config; `extra` is appended verbatim (more TOML sections).
+    pub fn write_config(&self, checkpoint_interval: &str, extra: &str) -> PathBuf {
+        let d = self.dir.path();
+        let body = format!(
+            r#"[kafka]
+bootstrap_servers = "{bootstrap}"
+app_id = "{app}"
+input_topics = ["{input}"]
+output_topic = "{output}"
+dead_letter_topic = "{dlq}"
+transaction_timeout = "30s"
+
+[job]
+key = "/user_id"
+
+[state]
+dir = "{state}"
+
+[checkpoint]
+interval = "{checkpoint_interval}"
+storage = "file://{chk}"
+
+[admin]
+listen = "{admin}"
+{extra}"#,
+            bootstrap = bootstrap(),
+            app = self.app_id,
+            input = self.input,
+            output = self.output,
+            dlq = self.dlq,
+            state = d.join("state").display(),
+            chk = d.join("checkpoints").display(),
+            admin = self.admin,
+        );
+        let path = self.config_path();
+        std::fs::write(&path, body).expect("write config");
+        path
+    }
+
+    pub fn spawn(&self) -> Service {
+        Service::spawn(&self.config_path(), &self.dir.path().join("service.log"))
+    }
+
+    pub fn committed(&self) -> i64 {
+        committed_total(&self.app_id, &self.input, self.partitions)
+    }
+
+    pub fn input_end(&self) -> i64 {
+        end_offsets_total(&self.input, self.partitions)
+    }
+
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.dir.path().join("checkpoints")
+    }
+}
+
+/// The service as a child process, so tests can SIGKILL it like a node failure would.
+pub struct Service {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Service {
+    pub fn spawn(config: &Path, log: &Path) -> Self {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn streamstate");
+        Self { child, log: log.to_path_buf() }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails the test (with the service log) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("service exited early with {status}; log:\n{}", self.log());
+        }
+    }
+
+    pub fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM and wait for the exit status (the service drains and checkpoints first).
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+        assert!(ok.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "service did not exit within {timeout:?} of SIGTERM; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,358 @@
+//! Configuration: one TOML file, overridden by `STREAMSTATE__SECTION__KEY` environment variables.
+//!
+//! Every struct refuses unknown keys so that a typo stops the start instead of silently
+//! falling back to a default. Durations are humantime strings (`"500ms"`, `"10s"`) so the
+//! unit is always in the value.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Environment variables with this prefix override file keys; `__` separates levels.
+pub const ENV_PREFIX: &str = "STREAMSTATE__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// figment's message already names the key and the source (file or environment).
+    #[error("config: {0}")]
+    Load(String),
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub job: JobConfig,
+    #[serde(default)]
+    pub state: StateConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list, as librdkafka's `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Names the job: the consumer group, the transactional-id prefix and the checkpoint prefix.
+    pub app_id: String,
+    /// Topics whose partitions this instance consumes.
+    pub input_topics: Vec<String>,
+    /// Where results go, inside the epoch's transaction.
+    pub output_topic: String,
+    /// Rules arrive here (read by every instance).
+    #[serde(default)]
+    pub control_topic: Option<String>,
+    /// Undecodable records go here, with the reason in headers, inside the same transaction.
+    pub dead_letter_topic: String,
+    /// Where to start when the group has no committed offsets (first start only).
+    #[serde(default)]
+    pub start_offsets: StartOffsets,
+    /// Upper bound of one transaction; must exceed checkpoint interval + timeout.
+    #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
+    pub transaction_timeout: Duration,
+    /// How long start-up waits for the cluster to answer before giving up.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// librdkafka properties for every client (e.g. `security.protocol`, `sasl.mechanism`).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// librdkafka properties for the consumers only.
+    #[serde(default)]
+    pub consumer_properties: BTreeMap<String, String>,
+    /// librdkafka properties for the producer only.
+    #[serde(default)]
+    pub producer_properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartOffsets {
+    #[default]
+    Earliest,
+    Latest,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// JSON pointer (RFC 6901) to the state key inside each event, e.g. `/user_id`.
+    pub key: String,
+    /// Records larger than this go to the dead-letter topic instead of being parsed.
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: usize,
+    /// Keys longer than this go to the dead-letter topic.
+    #[serde(default = "default_max_key_bytes")]
+    pub max_key_bytes: usize,
+    /// This instance's ordinal; names its transactional id and checkpoint prefix.
+    #[serde(default)]
+    pub instance: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    #[default]
+    Rocksdb,
+    Hashmap,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// `rocksdb` (bytes on local disk, incremental snapshots) or `hashmap` (heap, full snapshots).
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Local working directory for live state; rebuilt from checkpoints after a restart.
+    #[serde(default = "default_state_dir")]
+    pub dir: PathBuf,
+    /// Number of key groups, fixed at the first start; defaults to the input partition count.
+    #[serde(default)]
+    pub max_parallelism: Option<u32>,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self { backend: BackendKind::default(), dir: default_state_dir(), max_parallelism: None }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Time between checkpoints; also the floor of output latency for read_committed readers.
+    #[serde(default = "default_checkpoint_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Checkpoint storage URL: `file:///path` (a local or shared volume).
+    #[serde(default = "default_checkpoint_storage")]
+    pub storage: String,
+    /// Completed checkpoints kept; older ones are pruned.
+    #[serde(default = "default_retained")]
+    pub retained: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            interval: default_checkpoint_interval(),
+            storage: default_checkpoint_storage(),
+            retained: default_retained(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin HTTP server (health, metrics, checkpoints).
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { listen: default_admin_listen() }
+    }
+}
+
+fn default_transaction_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_record_bytes() -> usize {
+    1024 * 1024
+}
+fn default_max_key_bytes() -> usize {
+    4096
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/streamstate/state")
+}
+fn default_checkpoint_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_checkpoint_storage() -> String {
+    "file:///var/lib/streamstate/checkpoints".to_string()
+}
+fn default_retained() -> usize {
+    3
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9464))
+}
+
+impl Config {
+    /// Reads the file, applies environment overrides, then checks values that serde cannot.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::Load(format!("file {} does not exist", path.display())));
+        }
+        Self::from_figment(Figment::new().merge(Toml::file(path)).merge(env_overrides()))
+    }
+
+    /// Builds a config from defaults in code plus environment overrides (used by `demo`).
+    pub fn from_defaults(base: &Config) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::new().merge(Serialized::defaults(base)).merge(env_overrides()))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(|e| ConfigError::Load(one_line(&e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_string() });
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return invalid("kafka.bootstrap_servers", "must not be empty");
+        }
+        if self.kafka.app_id.is_empty()
+            || !self.kafka.app_id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return invalid("kafka.app_id", "must be non-empty and use only [A-Za-z0-9._-]");
+        }
+        if self.kafka.input_topics.is_empty() {
+            return invalid("kafka.input_topics", "must name at least one topic");
+        }
+        if !self.job.key.is_empty() && !self.job.key.starts_with('/') {
+            return invalid("job.key", "must be a JSON pointer starting with '/', e.g. \"/user_id\"");
+        }
+        if self.checkpoint.interval < Duration::from_millis(10) {
+            return invalid("checkpoint.interval", "must be at least 10ms");
+        }
+        if self.checkpoint.retained == 0 {
+            return invalid("checkpoint.retained", "must be at least 1");
+        }
+        if self.kafka.transaction_timeout <= self.checkpoint.interval * 2 {
+            return invalid(
+                "kafka.transaction_timeout",
+                "must be more than twice checkpoint.interval, or open transactions time out between checkpoints",
+            );
+        }
+        if let Some(n) = self.state.max_parallelism
+            && !(1..=32768).contains(&n)
+        {
+            return invalid("state.max_parallelism", "must be between 1 and 32768");
+        }
+        self.checkpoint_dir()?;
+        Ok(())
+    }
+
+    /// The local directory behind `checkpoint.storage`.
+    pub fn checkpoint_dir(&self) -> Result<PathBuf, ConfigError> {
+        let key = "checkpoint.storage";
+        let url = url::Url::parse(&self.checkpoint.storage)
+            .map_err(|e| ConfigError::Invalid { key, reason: format!("not a URL: {e}") })?;
+        match url.scheme() {
+            "file" => url.to_file_path().map_err(|()| ConfigError::Invalid {
+                key,
+                reason: "file:// URL must hold an absolute path".into(),
+            }),
+            other => Err(ConfigError::Invalid {
+                key,
+                reason: format!("scheme `{other}` is not supported; use file:///path"),
+            }),
+        }
+    }
+
+    /// `<app_id>-<instance>`: fences zombies of this same instance and nobody else.
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.kafka.app_id, self.job.instance)
+    }
+}
+
+fn env_overrides() -> Env {
+    Env::prefixed(ENV_PREFIX).split("__")
+}
+
+fn one_line(e: &figment::Error) -> String {
+    e.clone().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &tempfile::TempDir, body: &str) -> PathBuf {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, body).expect("write config");
+        path
+    }
+
+    const MINIMAL: &str = r#"
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+app_id = "app"
+input_topics = ["in"]
+output_topic = "out"
+dead_letter_topic = "dlq"
+[job]
+key = "/user"
+"#;
+
+    #[test]
+    fn loads_minimal_file_with_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Config::load(&write(&dir, MINIMAL)).expect("load");
+        assert_eq!(c.checkpoint.interval, Duration::from_secs(1));
+        assert_eq!(c.state.backend, BackendKind::Rocksdb);
+        assert_eq!(c.transactional_id(), "app-0");
+    }
+
+    #[test]
+    fn refuses_unknown_key_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[state]\nbakend = \"rocksdb\"\n")))
+            .expect_err("unknown key must fail");
+        assert!(err.to_string().contains("bakend"), "{err}");
+    }
+
+    #[test]
+    fn refuses_bad_duration_naming_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\ninterval = \"soon\"\n")))
+            .expect_err("bad duration must fail");
+        assert!(err.to_string().contains("interval"), "{err}");
+    }
+
+    #[test]
+    fn refuses_unsupported_storage_scheme() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\nstorage = \"ftp://x/y\"\n")))
+            .expect_err("ftp must fail");
+        assert!(err.to_string().contains("checkpoint.storage"), "{err}");
+    }
+
+    #[test]
+    fn refuses_transaction_timeout_shorter_than_two_intervals() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let body = format!("{MINIMAL}\n[checkpoint]\ninterval = \"40s\"\n");
+        let err = Config::load(&write(&dir, &body)).expect_err("must fail");
+        assert!(err.to_string().contains("kafka.transaction_timeout"), "{err}");
+    }
+
+    #[test]
+    fn every_shipped_example_in_config_dir_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(&dir).expect("config dir") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                loaded += 1;
+            }
+        }
+        assert!(loaded >= 2, "expected the shipped examples, found {loaded}");
+    }
+}

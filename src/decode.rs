@@ -1,0 +1,156 @@
+//! Turns raw Kafka record bytes into a JSON event and its state key.
+//!
+//! Every way a record can be unusable has its own [`DecodeError`] variant, because the
+//! variant's [`DecodeError::reason`] becomes the dead-letter header and metric label that an
+//! operator filters on.
+
+use serde_json::Value;
+
+/// Deeper documents are refused before serde_json's own recursion limit (128) would be hit,
+/// so a hostile record costs bounded stack and time.
+const MAX_DEPTH: usize = 64;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record has no value")]
+    Empty,
+    #[error("record of {size} bytes exceeds job.max_record_bytes ({max})")]
+    TooLarge { size: usize, max: usize },
+    #[error("record is not valid UTF-8 at byte {0}")]
+    NotUtf8(usize),
+    #[error("record nests deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+    #[error("record is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("key field {0} is missing")]
+    MissingKey(String),
+    #[error("key field {0} is not a string or number")]
+    KeyNotScalar(String),
+    #[error("key of {size} bytes exceeds job.max_key_bytes ({max})")]
+    KeyTooLarge { size: usize, max: usize },
+}
+
+impl DecodeError {
+    /// A short, fixed label: safe as a metric label and a header value.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::TooLarge { .. } => "too_large",
+            Self::NotUtf8(_) => "not_utf8",
+            Self::TooDeep => "too_deep",
+            Self::InvalidJson(_) => "invalid_json",
+            Self::MissingKey(_) => "missing_key",
+            Self::KeyNotScalar(_) => "key_not_scalar",
+            Self::KeyTooLarge { .. } => "key_too_large",
+        }
+    }
+}
+
+/// A decoded event and the key its state lives under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub key: String,
+    pub value: Value,
+}
+
+/// Decoding rules fixed at start from `[job]`.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    key_pointer: String,
+    max_record_bytes: usize,
+    max_key_bytes: usize,
+}
+
+impl Decoder {
+    pub fn new(key_pointer: &str, max_record_bytes: usize, max_key_bytes: usize) -> Self {
+        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes }
+    }
+
+    pub fn decode(&self, payload: Option<&[u8]>) -> Result<Event, DecodeError> {
+        let bytes = payload.filter(|b| !b.is_empty()).ok_or(DecodeError::Empty)?;
+        if bytes.len() > self.max_record_bytes {
+            return Err(DecodeError::TooLarge { size: bytes.len(), max: self.max_record_bytes });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| DecodeError::NotUtf8(e.valid_up_to()))?;
+        if nesting_depth(text) > MAX_DEPTH {
+            return Err(DecodeError::TooDeep);
+        }
+        let value: Value = serde_json::from_str(text).map_err(|e| DecodeError::InvalidJson(e.to_string()))?;
+        let key = match value.pointer(&self.key_pointer) {
+            None | Some(Value::Null) => return Err(DecodeError::MissingKey(self.key_pointer.clone())),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            Some(_) => return Err(DecodeError::KeyNotScalar(self.key_pointer.clone())),
+        };
+        if key.len() > self.max_key_bytes {
+            return Err(DecodeError::KeyTooLarge { size: key.len(), max: self.max_key_bytes });
+        }
+        Ok(Event { key, value })
+    }
+}
+
+/// Bracket depth outside strings; a cheap pre-scan so deep nesting never reaches the parser.
+fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoder() -> Decoder {
+        Decoder::new("/user", 1024, 16)
+    }
+
+    #[test]
+    fn extracts_string_and_numeric_keys() {
+        let d = decoder();
+        assert_eq!(d.decode(Some(br#"{"user":"u1","n":1}"#)).map(|e| e.key), Ok("u1".into()));
+        assert_eq!(d.decode(Some(br#"{"user":42}"#)).map(|e| e.key), Ok("42".into()));
+    }
+
+    #[test]
+    fn classifies_every_kind_of_bad_record() {
+        let d = decoder();
+        let reason = |p: Option<&[u8]>| d.decode(p).map(|_| ()).map_err(|e| e.reason());
+        assert_eq!(reason(None), Err("empty"));
+        assert_eq!(reason(Some(b"{not json")), Err("invalid_json"));
+        assert_eq!(reason(Some(&[0xff, 0xfe, b'{'])), Err("not_utf8"));
+        assert_eq!(reason(Some(br#"{"other":1}"#)), Err("missing_key"));
+        assert_eq!(reason(Some(br#"{"user":null}"#)), Err("missing_key"));
+        assert_eq!(reason(Some(br#"{"user":{"a":1}}"#)), Err("key_not_scalar"));
+        assert_eq!(reason(Some(br#"{"user":"0123456789abcdefXYZ"}"#)), Err("key_too_large"));
+        assert_eq!(reason(Some(&[b' '; 2048])), Err("too_large"));
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let d2 = Decoder::new("/user", 1 << 20, 16);
+        assert_eq!(d2.decode(Some(deep.as_bytes())).map_err(|e| e.reason()), Err("too_deep"));
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_count_as_nesting() {
+        let text = format!(r#"{{"user":"u","s":"{}"}}"#, "[".repeat(500));
+        assert_eq!(nesting_depth(&text), 1);
+        assert!(Decoder::new("/user", 1 << 20, 16).decode(Some(text.as_bytes())).is_ok());
+    }
+}

@@ -1,0 +1,260 @@
+//! The job loop: source → decode → process (state) → sink → checkpoint, in epochs.
+//!
+//! One thread runs the whole loop for all of this instance's partitions, so a checkpoint
+//! barrier is aligned by construction: when the loop stops polling to checkpoint, every
+//! record before the barrier has been processed and produced into the open transaction,
+//! and none after it has.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::Message;
+use rdkafka::message::{Header, OwnedHeaders};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::checkpoint::{CheckpointError, FORMAT_VERSION, FsStorage, Manifest, PartitionOffset};
+use crate::config::Config;
+use crate::decode::{DecodeError, Decoder};
+use crate::metrics::Metrics;
+use crate::process::{CountJob, ProcessError};
+use crate::sink::{Sink, SinkError};
+use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("checkpoint chk-{id}: offsets in its manifest differ from the group's committed offsets")]
+    OffsetMismatch { id: u64 },
+    #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
+    NoGroupMetadata,
+    #[error("local state directory {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+}
+
+/// Flags shared with the admin server and signal handlers; the loop only reads them.
+#[derive(Default)]
+pub struct Control {
+    pub shutdown: AtomicBool,
+    pub checkpoint_requested: AtomicBool,
+    pub ready: AtomicBool,
+    pub alive: AtomicBool,
+}
+
+pub struct Job {
+    control: Arc<Control>,
+    source: Source,
+    storage: FsStorage,
+    next_checkpoint_id: u64,
+    pipeline: Pipeline,
+}
+
+/// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
+/// the consumer can be handled without copying it.
+struct Pipeline {
+    config: Config,
+    metrics: Metrics,
+    decoder: Decoder,
+    sink: Sink,
+    state: CountJob,
+    offsets: Offsets,
+}
+
+impl Job {
+    /// Connects, fences the previous incarnation, and restores the committed checkpoint.
+    pub fn start(config: Config, metrics: Metrics, control: Arc<Control>) -> Result<Self, JobError> {
+        let source = Source::new(&config)?;
+        let parts = source.partitions(&config.kafka.bootstrap_servers, &config.kafka.input_topics)?;
+        // Fence first: once init_transactions returns, no older producer with our id can
+        // commit, so the committed offsets read next cannot move under us.
+        let sink = Sink::new(&config)?;
+        let storage = FsStorage::open(&config.checkpoint_dir()?, &config.kafka.app_id, config.job.instance)?;
+        let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
+        let state_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
+        let committed = source.committed(&parts)?;
+        let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| c.checkpoint_id))?;
+        if !discarded.is_empty() {
+            info!(checkpoints = ?discarded, "discarded checkpoints that never committed");
+        }
+        let started = Instant::now();
+        let (state, offsets) = match committed {
+            Some(c) => {
+                let manifest = storage.verify(c.checkpoint_id)?;
+                if manifest_offsets(&manifest) != c.offsets {
+                    return Err(JobError::OffsetMismatch { id: c.checkpoint_id });
+                }
+                let state = CountJob::restore(&config, &state_dir, &storage.dir(c.checkpoint_id), &manifest.state)?;
+                storage.mark_complete(c.checkpoint_id)?;
+                info!(
+                    checkpoint = c.checkpoint_id,
+                    files = manifest.state.files.len(),
+                    bytes = manifest.state.files.iter().map(|f| f.size).sum::<u64>(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "restored state from checkpoint"
+                );
+                let mut offsets = c.offsets;
+                // Partitions added since the checkpoint start per config.
+                let new: Vec<_> = parts.iter().filter(|p| !offsets.contains_key(*p)).cloned().collect();
+                offsets.extend(source.start_offsets(&new, config.kafka.start_offsets)?);
+                (state, offsets)
+            }
+            None => {
+                info!("no committed checkpoint: first start with empty state");
+                let state = CountJob::fresh(&config, &state_dir, max_parallelism)?;
+                (state, source.start_offsets(&parts, config.kafka.start_offsets)?)
+            }
+        };
+        metrics.restore_duration.observe(started.elapsed().as_secs_f64());
+        source.assign(&offsets)?;
+        let next_checkpoint_id = storage.max_id()? + 1;
+        let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
+        info!(partitions = offsets.len(), transactional_id = %config.transactional_id(), "assigned input partitions");
+        let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets };
+        Ok(Self { control, source, storage, next_checkpoint_id, pipeline })
+    }
+
+    /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
+    pub fn run(mut self) -> Result<(), JobError> {
+        self.pipeline.sink.begin()?;
+        self.control.ready.store(true, Ordering::SeqCst);
+        let interval = self.pipeline.config.checkpoint.interval;
+        let mut due = Instant::now() + interval;
+        loop {
+            self.control.alive.store(true, Ordering::Relaxed);
+            if self.control.shutdown.load(Ordering::SeqCst) {
+                self.control.ready.store(false, Ordering::SeqCst);
+                self.checkpoint()?;
+                info!("final checkpoint committed; shutting down");
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
+                self.checkpoint()?;
+                self.pipeline.sink.begin()?;
+                due = Instant::now() + interval;
+                continue;
+            }
+            let wait = (due - now).min(Duration::from_millis(100));
+            // Poll until the deadline, then let the loop take the checkpoint.
+            let Some(polled) = self.source.consumer().poll(wait) else {
+                continue;
+            };
+            match polled {
+                Ok(msg) => self.pipeline.handle(&msg)?,
+                Err(e) => warn!(error = %e, "consumer error (librdkafka retries by itself)"),
+            }
+            self.pipeline.sink.poll();
+        }
+    }
+
+    /// Steps 2–4 of the protocol: durable snapshot, offsets into the transaction, commit,
+    /// then mark complete and prune.
+    fn checkpoint(&mut self) -> Result<(), JobError> {
+        let started = Instant::now();
+        let id = self.next_checkpoint_id;
+        let staging = self.pipeline.config.state.dir.join(format!("staging-{}", self.pipeline.config.job.instance));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(|source| JobError::StateDir { path: staging.clone(), source })?;
+        }
+        let state = self.pipeline.state.snapshot(id, &staging)?;
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            checkpoint_id: id,
+            app_id: self.pipeline.config.kafka.app_id.clone(),
+            instance: self.pipeline.config.job.instance,
+            created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            offsets: self
+                .pipeline
+                .offsets
+                .iter()
+                .map(|((topic, partition), offset)| PartitionOffset {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                })
+                .collect(),
+            state,
+        };
+        let bytes = self.storage.write(&manifest, &staging)?;
+        std::fs::remove_dir_all(&staging).map_err(|source| JobError::StateDir { path: staging.clone(), source })?;
+        let group = self.source.group_metadata().ok_or(JobError::NoGroupMetadata)?;
+        let tpl = offsets_for_commit(&self.pipeline.offsets, id).map_err(SinkError::from)?;
+        if let Err(e) = self.pipeline.sink.commit(&tpl, &group) {
+            self.pipeline.metrics.transactions.with_label_values(&["failed"]).inc();
+            return Err(e.into());
+        }
+        self.pipeline.metrics.transactions.with_label_values(&["committed"]).inc();
+        self.storage.mark_complete(id)?;
+        self.storage.prune(self.pipeline.config.checkpoint.retained, id)?;
+        self.next_checkpoint_id = id + 1;
+        let secs = started.elapsed().as_secs_f64();
+        self.pipeline.metrics.checkpoints_completed.inc();
+        self.pipeline.metrics.checkpoint_duration.observe(secs);
+        self.pipeline.metrics.last_checkpoint_bytes.set(bytes as i64);
+        self.pipeline.metrics
+            .last_checkpoint_completed_timestamp
+            .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
+        for ((t, p), o) in &self.pipeline.offsets {
+            self.pipeline.metrics.partition_offset.with_label_values(&[t, &p.to_string()]).set(*o);
+        }
+        tracing::debug!(checkpoint = id, bytes, seconds = secs, "checkpoint completed");
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    fn handle(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<(), JobError> {
+        let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+        let partition_label = partition.to_string();
+        self.metrics.records_consumed.with_label_values(&[topic, &partition_label]).inc();
+        let source = json!({"topic": topic, "partition": partition, "offset": offset});
+        match self.decoder.decode(msg.payload()) {
+            Ok(event) => {
+                let count = self.state.process(&event)?;
+                let out = json!({"key": event.key, "count": count, "source": source});
+                let bytes = serde_json::to_vec(&out).unwrap_or_default();
+                let topic_out = &self.config.kafka.output_topic;
+                self.sink.send(topic_out, Some(event.key.as_bytes()), &bytes, None)?;
+                self.metrics.records_produced.with_label_values(&[topic_out]).inc();
+            }
+            Err(err) => self.dead_letter(msg, &err)?,
+        }
+        self.offsets.insert((topic.to_string(), partition), offset + 1);
+        Ok(())
+    }
+
+    /// The original bytes go to the dead-letter topic unchanged, with why and where from
+    /// in headers, inside the current transaction: exactly once, like any output.
+    fn dead_letter(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>, err: &DecodeError) -> Result<(), JobError> {
+        let (partition, offset) = (msg.partition().to_string(), msg.offset().to_string());
+        let detail = err.to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "streamstate.error.reason", value: Some(err.reason()) })
+            .insert(Header { key: "streamstate.error.message", value: Some(detail.as_str()) })
+            .insert(Header { key: "streamstate.source.topic", value: Some(msg.topic()) })
+            .insert(Header { key: "streamstate.source.partition", value: Some(partition.as_str()) })
+            .insert(Header { key: "streamstate.source.offset", value: Some(offset.as_str()) });
+        // An over-size record is cut to the limit so the dead-letter write itself cannot
+        // fail; the whole record stays in the input topic at the offset in the headers.
+        let payload = msg.payload().unwrap_or_default();
+        let payload = &payload[..payload.len().min(self.config.job.max_record_bytes)];
+        self.sink.send(&self.config.kafka.dead_letter_topic, msg.key(), payload, Some(headers))?;
+        self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
+        Ok(())
+    }
+}
+
+fn manifest_offsets(m: &Manifest) -> Offsets {
+    m.offsets.iter().map(|o| ((o.topic.clone(), o.partition), o.offset)).collect()
+}

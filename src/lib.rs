@@ -1,0 +1,34 @@
+//! streamstate: a stateful, exactly-once stream job over Kafka with Apache Flink's state
+//! model, in one binary and without a Flink cluster.
+//!
+//! # Layout
+//!
+//! Data flows one way, and the modules follow it:
+//!
+//! - [`config`]: the TOML file and `STREAMSTATE__SECTION__KEY` overrides; refuses unknown keys.
+//! - [`source`]: the Kafka consumer with manual assignment; offsets are the service's own.
+//! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic.
+//! - [`process`]: the job function, over keyed state from the `streamstate-state` crate.
+//! - [`sink`]: the transactional producer, one transaction per checkpoint epoch.
+//! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
+//! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
+//! - [`job`]: the loop that ties them together and runs the commit protocol.
+//! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
+//!
+//! # The commit protocol
+//!
+//! Epoch `e` produces into transaction `T_e`; at a checkpoint the loop stops polling,
+//! writes `chk-e` durably, sends the source offsets (metadata naming `chk-e`) into `T_e`
+//! and commits. That commit is the single decision point; recovery restores whichever
+//! checkpoint the group's committed offsets name. See `../shared/DESIGN.md`.
+
+pub mod admin;
+pub mod checkpoint;
+pub mod config;
+pub mod decode;
+pub mod job;
+pub mod kafka_log;
+pub mod metrics;
+pub mod process;
+pub mod sink;
+pub mod source;

@@ -1,0 +1,188 @@
+//! The `streamstate` binary: `run`, `check-config` and `demo`. Errors become one line on
+//! stderr and a non-zero exit; everything below this file returns typed errors.
+
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use streamstate::admin;
+use streamstate::config::Config;
+use streamstate::job::{Control, Job};
+use streamstate::metrics::Metrics;
+use tracing::{error, info};
+
+#[derive(Parser)]
+#[command(version, about = "Stateful exactly-once stream jobs over Kafka, with Flink's state model")]
+struct Cli {
+    /// `text` for terminals, `json` for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the job described by a config file.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Load and validate a config file (and environment overrides) without connecting.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the job on an in-process mock Kafka with generated events (no broker needed).
+    Demo {
+        /// Stop after this long (e.g. `60s`); default: until Ctrl-C.
+        #[arg(long)]
+        duration: Option<humantime::Duration>,
+        /// Admin/metrics address.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin_listen: std::net::SocketAddr,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json_logs = matches!(cli.log_format, LogFormat::Json);
+    init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
+        Command::Run { config } => Config::load(&config).map_err(Into::into).and_then(run_service),
+        Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, in the format the operator chose.
+            let line = one_line(&e);
+            if json_logs {
+                error!("{line}");
+            } else {
+                eprintln!("error: {line}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping causes whose text the line already has
+/// (librdkafka errors repeat their cause in their own message).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Admin server on the async runtime, the job loop on its own thread, signals into flags.
+fn run_service(config: Config) -> anyhow::Result<()> {
+    let metrics = Metrics::new().context("registering metrics")?;
+    let control = Arc::new(Control::default());
+    serve(config, metrics, control)
+}
+
+fn serve(config: Config, metrics: Metrics, control: Arc<Control>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listen = config.admin.listen;
+        let listener =
+            admin::bind(listen).await.with_context(|| format!("admin.listen: cannot bind {listen}"))?;
+        let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = admin::router(control.clone(), metrics.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
+        });
+        let signals = tokio::spawn(shutdown_on_signal(control.clone()));
+        info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");
+        let job_control = control.clone();
+        let job = tokio::task::spawn_blocking(move || Job::start(config, metrics, job_control)?.run()).await;
+        control.shutdown.store(true, Ordering::SeqCst);
+        signals.abort();
+        let _ = stop_admin.send(());
+        let _ = server.await;
+        job.context("job thread panicked")?.map_err(Into::into)
+    })
+}
+
+async fn shutdown_on_signal(control: Arc<Control>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: draining and taking a final checkpoint"),
+        _ = int.recv() => info!("SIGINT: draining and taking a final checkpoint"),
+    }
+    control.shutdown.store(true, Ordering::SeqCst);
+}
+
+fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) -> anyhow::Result<()> {
+    let cluster = demo::start_cluster()?;
+    let bootstrap = cluster.bootstrap_servers();
+    let work = std::env::temp_dir().join(format!("streamstate-demo-{}", std::process::id()));
+    let config = Config::from_defaults(&demo::config(bootstrap.clone(), &work, admin))?;
+    info!(bootstrap = %bootstrap, work = %work.display(), "demo: mock cluster up (no exactly-once guarantee: see README)");
+    let metrics = Metrics::new().context("registering metrics")?;
+    let control = Arc::new(Control::default());
+    let generator = {
+        let control = control.clone();
+        std::thread::spawn(move || demo::generate(bootstrap, control))
+    };
+    let reporter = {
+        let (metrics, control) = (metrics.clone(), control.clone());
+        std::thread::spawn(move || demo::report(metrics, control, admin))
+    };
+    if let Some(d) = duration {
+        let control = control.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(d);
+            control.shutdown.store(true, Ordering::SeqCst);
+        });
+    }
+    let result = serve(config, metrics, control.clone());
+    control.shutdown.store(true, Ordering::SeqCst);
+    let _ = reporter.join();
+    match generator.join() {
+        Ok(r) => r?,
+        Err(_) => anyhow::bail!("demo generator panicked"),
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}

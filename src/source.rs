@@ -1,0 +1,151 @@
+//! The Kafka source: manual assignment of every input partition, offsets kept by the
+//! service (in checkpoints and in the epoch's transaction), never by auto-commit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::checkpoint::{offset_metadata, parse_offset_metadata};
+use crate::config::{Config, StartOffsets};
+use crate::kafka_log::LogContext;
+
+/// `(topic, partition)`; ordered so offsets print and snapshot deterministically.
+pub type Partition = (String, i32);
+/// Next offset to read, per partition.
+pub type Offsets = BTreeMap<Partition, i64>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("kafka.bootstrap_servers: cannot reach the cluster at {servers} within {timeout:?}")]
+    Unreachable { servers: String, timeout: Duration, source: KafkaError },
+    #[error("kafka.input_topics: topic `{0}` does not exist")]
+    MissingTopic(String),
+    #[error("kafka consumer: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(
+        "committed offsets of group `{group}` name different checkpoints ({ids:?}); refusing to guess which state is true"
+    )]
+    InconsistentCommit { group: String, ids: Vec<u64> },
+}
+
+pub struct Source {
+    consumer: BaseConsumer<LogContext>,
+    group: String,
+    timeout: Duration,
+}
+
+/// What the consumer group says about where this instance stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub checkpoint_id: u64,
+    pub offsets: Offsets,
+}
+
+impl Source {
+    pub fn new(config: &Config) -> Result<Self, SourceError> {
+        let mut cc = ClientConfig::new();
+        for (k, v) in config.kafka.properties.iter().chain(&config.kafka.consumer_properties) {
+            cc.set(k, v);
+        }
+        cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
+            .set("group.id", &config.kafka.app_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "false")
+            .set(
+                "auto.offset.reset",
+                match config.kafka.start_offsets {
+                    StartOffsets::Earliest => "earliest",
+                    StartOffsets::Latest => "latest",
+                },
+            );
+        Ok(Self { consumer: cc.create_with_context(LogContext::default())?, group: config.kafka.app_id.clone(), timeout: config.kafka.connect_timeout })
+    }
+
+    /// Every partition of the input topics, checking that the cluster answers at all.
+    pub fn partitions(&self, servers: &str, topics: &[String]) -> Result<Vec<Partition>, SourceError> {
+        let mut out = Vec::new();
+        for topic in topics {
+            let md = self.consumer.fetch_metadata(Some(topic), self.timeout).map_err(|source| {
+                SourceError::Unreachable { servers: servers.to_string(), timeout: self.timeout, source }
+            })?;
+            let t = md.topics().iter().find(|t| t.name() == topic);
+            match t {
+                Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                    out.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
+                }
+                _ => return Err(SourceError::MissingTopic(topic.clone())),
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Reads the group's committed offsets; `None` when this app never committed.
+    pub fn committed(&self, parts: &[Partition]) -> Result<Option<Committed>, SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            tpl.add_partition(t, *p);
+        }
+        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
+        let mut ids = Vec::new();
+        let mut offsets = Offsets::new();
+        for e in got.elements() {
+            if let (Offset::Offset(o), Some(id)) = (e.offset(), parse_offset_metadata(e.metadata())) {
+                offsets.insert((e.topic().to_string(), e.partition()), o);
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        match ids.as_slice() {
+            [] => Ok(None),
+            [id] => Ok(Some(Committed { checkpoint_id: *id, offsets })),
+            _ => Err(SourceError::InconsistentCommit { group: self.group.clone(), ids }),
+        }
+    }
+
+    /// Concrete start offsets for a first start, so every checkpoint names an offset for
+    /// every partition even before it has seen a record.
+    pub fn start_offsets(&self, parts: &[Partition], start: StartOffsets) -> Result<Offsets, SourceError> {
+        let mut out = Offsets::new();
+        for (t, p) in parts {
+            let (low, high) = self.consumer.fetch_watermarks(t, *p, self.timeout)?;
+            out.insert((t.clone(), *p), if start == StartOffsets::Earliest { low } else { high });
+        }
+        Ok(out)
+    }
+
+    pub fn assign(&self, offsets: &Offsets) -> Result<(), SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in offsets {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))?;
+        }
+        self.consumer.assign(&tpl)?;
+        Ok(())
+    }
+
+    pub fn consumer(&self) -> &BaseConsumer<LogContext> {
+        &self.consumer
+    }
+
+    pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
+    }
+}
+
+/// The offsets to commit with an epoch's transaction, each naming the checkpoint.
+pub fn offsets_for_commit(offsets: &Offsets, checkpoint_id: u64) -> Result<TopicPartitionList, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    let meta = offset_metadata(checkpoint_id);
+    for ((t, p), o) in offsets {
+        let mut e = tpl.add_partition(t, *p);
+        e.set_offset(Offset::Offset(*o))?;
+        e.set_metadata(meta.as_str());
+    }
+    Ok(tpl)
+}
