@@ -12,6 +12,7 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+pub use streamstate_state::BackendKind;
 
 /// Environment variables with this prefix override file keys; `__` separates levels.
 pub const ENV_PREFIX: &str = "STREAMSTATE__";
@@ -98,19 +99,11 @@ pub struct JobConfig {
     pub instance: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    #[default]
-    Rocksdb,
-    Hashmap,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateConfig {
     /// `rocksdb` (bytes on local disk, incremental snapshots) or `hashmap` (heap, full snapshots).
-    #[serde(default)]
+    #[serde(default = "default_backend")]
     pub backend: BackendKind,
     /// Local working directory for live state; rebuilt from checkpoints after a restart.
     #[serde(default = "default_state_dir")]
@@ -122,7 +115,7 @@ pub struct StateConfig {
 
 impl Default for StateConfig {
     fn default() -> Self {
-        Self { backend: BackendKind::default(), dir: default_state_dir(), max_parallelism: None }
+        Self { backend: default_backend(), dir: default_state_dir(), max_parallelism: None }
     }
 }
 
@@ -164,6 +157,9 @@ impl Default for AdminConfig {
     }
 }
 
+fn default_backend() -> BackendKind {
+    BackendKind::Rocksdb
+}
 fn default_transaction_timeout() -> Duration {
     Duration::from_secs(60)
 }
@@ -276,8 +272,11 @@ fn env_overrides() -> Env {
     Env::prefixed(ENV_PREFIX).split("__")
 }
 
+/// figment (and the TOML parser under it) may print several lines with a source excerpt;
+/// an operator's log wants one.
 fn one_line(e: &figment::Error) -> String {
-    e.clone().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+    let text = e.clone().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+    text.split_whitespace().filter(|w| *w != "|" && *w != "^").collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

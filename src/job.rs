@@ -15,7 +15,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::checkpoint::{CheckpointError, FORMAT_VERSION, FsStorage, Manifest, PartitionOffset};
+use crate::checkpoint::{
+    CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, FsStorage, Manifest, PartitionOffset,
+};
 use crate::config::Config;
 use crate::decode::{DecodeError, Decoder};
 use crate::metrics::Metrics;
@@ -35,8 +37,8 @@ pub enum JobError {
     Process(#[from] ProcessError),
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
-    #[error("checkpoint chk-{id}: offsets in its manifest differ from the group's committed offsets")]
-    OffsetMismatch { id: u64 },
+    #[error("checkpoint {name}: offsets in its manifest differ from the group's committed offsets")]
+    OffsetMismatch { name: String },
     #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
@@ -55,7 +57,9 @@ pub struct Control {
 pub struct Job {
     control: Arc<Control>,
     source: Source,
-    storage: FsStorage,
+    storage: Box<dyn CheckpointStorage>,
+    /// This process run's id, part of every checkpoint name it writes.
+    run: String,
     next_checkpoint_id: u64,
     pipeline: Pipeline,
 }
@@ -79,27 +83,31 @@ impl Job {
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
         let sink = Sink::new(&config)?;
-        let storage = FsStorage::open(&config.checkpoint_dir()?, &config.kafka.app_id, config.job.instance)?;
-        let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
+        let storage: Box<dyn CheckpointStorage> =
+            Box::new(FsStorage::open(&config.checkpoint_dir()?, &config.kafka.app_id, config.job.instance)?);
         let state_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
         let committed = source.committed(&parts)?;
-        let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| c.checkpoint_id))?;
+        let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| &c.checkpoint))?;
         if !discarded.is_empty() {
-            info!(checkpoints = ?discarded, "discarded checkpoints that never committed");
+            info!(checkpoints = ?discarded.iter().map(ToString::to_string).collect::<Vec<_>>(), "discarded checkpoints that never committed");
         }
         let started = Instant::now();
         let (state, offsets) = match committed {
             Some(c) => {
-                let manifest = storage.verify(c.checkpoint_id)?;
+                let manifest = storage.read_manifest(&c.checkpoint)?;
                 if manifest_offsets(&manifest) != c.offsets {
-                    return Err(JobError::OffsetMismatch { id: c.checkpoint_id });
+                    return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
                 }
-                let state = CountJob::restore(&config, &state_dir, &storage.dir(c.checkpoint_id), &manifest.state)?;
-                storage.mark_complete(c.checkpoint_id)?;
+                let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
+                storage.fetch(&manifest, &fetched)?;
+                let state = CountJob::restore(&config, &state_dir, fetched.clone(), &manifest.state)?;
+                remove_dir(&fetched)?;
+                storage.mark_complete(&c.checkpoint)?;
                 info!(
-                    checkpoint = c.checkpoint_id,
+                    checkpoint = %c.checkpoint,
+                    storage = %storage.describe(),
                     files = manifest.state.files.len(),
-                    bytes = manifest.state.files.iter().map(|f| f.size).sum::<u64>(),
+                    bytes = manifest.state.total_size(),
                     seconds = started.elapsed().as_secs_f64(),
                     "restored state from checkpoint"
                 );
@@ -111,17 +119,18 @@ impl Job {
             }
             None => {
                 info!("no committed checkpoint: first start with empty state");
+                let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
                 let state = CountJob::fresh(&config, &state_dir, max_parallelism)?;
                 (state, source.start_offsets(&parts, config.kafka.start_offsets)?)
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
         source.assign(&offsets)?;
-        let next_checkpoint_id = storage.max_id()? + 1;
+        let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
         info!(partitions = offsets.len(), transactional_id = %config.transactional_id(), "assigned input partitions");
         let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets };
-        Ok(Self { control, source, storage, next_checkpoint_id, pipeline })
+        Ok(Self { control, source, storage, run: CheckpointRef::new_run(), next_checkpoint_id, pipeline })
     }
 
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
@@ -162,53 +171,47 @@ impl Job {
     /// then mark complete and prune.
     fn checkpoint(&mut self) -> Result<(), JobError> {
         let started = Instant::now();
-        let id = self.next_checkpoint_id;
-        let staging = self.pipeline.config.state.dir.join(format!("staging-{}", self.pipeline.config.job.instance));
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging).map_err(|source| JobError::StateDir { path: staging.clone(), source })?;
-        }
-        let state = self.pipeline.state.snapshot(id, &staging)?;
+        let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
+        let p = &mut self.pipeline;
+        let staging = p.config.state.dir.join(format!("staging-{}", p.config.job.instance));
+        remove_dir(&staging)?;
+        let state = p.state.snapshot(checkpoint.id, &staging)?;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
-            checkpoint_id: id,
-            app_id: self.pipeline.config.kafka.app_id.clone(),
-            instance: self.pipeline.config.job.instance,
+            checkpoint: checkpoint.clone(),
+            app_id: p.config.kafka.app_id.clone(),
+            instance: p.config.job.instance,
             created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-            offsets: self
-                .pipeline
+            offsets: p
                 .offsets
                 .iter()
-                .map(|((topic, partition), offset)| PartitionOffset {
-                    topic: topic.clone(),
-                    partition: *partition,
-                    offset: *offset,
-                })
+                .map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset })
                 .collect(),
             state,
         };
-        let bytes = self.storage.write(&manifest, &staging)?;
-        std::fs::remove_dir_all(&staging).map_err(|source| JobError::StateDir { path: staging.clone(), source })?;
+        let written = self.storage.write(&manifest, &staging)?;
+        remove_dir(&staging)?;
         let group = self.source.group_metadata().ok_or(JobError::NoGroupMetadata)?;
-        let tpl = offsets_for_commit(&self.pipeline.offsets, id).map_err(SinkError::from)?;
-        if let Err(e) = self.pipeline.sink.commit(&tpl, &group) {
-            self.pipeline.metrics.transactions.with_label_values(&["failed"]).inc();
+        let tpl = offsets_for_commit(&p.offsets, &checkpoint).map_err(SinkError::from)?;
+        if let Err(e) = p.sink.commit(&tpl, &group) {
+            p.metrics.transactions.with_label_values(&["failed"]).inc();
             return Err(e.into());
         }
-        self.pipeline.metrics.transactions.with_label_values(&["committed"]).inc();
-        self.storage.mark_complete(id)?;
-        self.storage.prune(self.pipeline.config.checkpoint.retained, id)?;
-        self.next_checkpoint_id = id + 1;
+        p.metrics.transactions.with_label_values(&["committed"]).inc();
+        self.storage.mark_complete(&checkpoint)?;
+        self.storage.prune(p.config.checkpoint.retained, &checkpoint)?;
+        self.next_checkpoint_id = checkpoint.id + 1;
         let secs = started.elapsed().as_secs_f64();
-        self.pipeline.metrics.checkpoints_completed.inc();
-        self.pipeline.metrics.checkpoint_duration.observe(secs);
-        self.pipeline.metrics.last_checkpoint_bytes.set(bytes as i64);
-        self.pipeline.metrics
+        p.metrics.checkpoints_completed.inc();
+        p.metrics.checkpoint_duration.observe(secs);
+        p.metrics.last_checkpoint_bytes.set(written.bytes_written as i64);
+        p.metrics
             .last_checkpoint_completed_timestamp
             .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
-        for ((t, p), o) in &self.pipeline.offsets {
-            self.pipeline.metrics.partition_offset.with_label_values(&[t, &p.to_string()]).set(*o);
+        for ((t, part), o) in &p.offsets {
+            p.metrics.partition_offset.with_label_values(&[t, &part.to_string()]).set(*o);
         }
-        tracing::debug!(checkpoint = id, bytes, seconds = secs, "checkpoint completed");
+        tracing::debug!(checkpoint = %checkpoint, bytes_written = written.bytes_written, bytes_total = written.bytes_total, seconds = secs, "checkpoint completed");
         Ok(())
     }
 }
@@ -252,6 +255,13 @@ impl Pipeline {
         self.sink.send(&self.config.kafka.dead_letter_topic, msg.key(), payload, Some(headers))?;
         self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
         Ok(())
+    }
+}
+
+fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JobError::StateDir { path: path.to_path_buf(), source: e }),
+        _ => Ok(()),
     }
 }
 

@@ -1,54 +1,52 @@
-//! The skeleton's job function: a running count per key. (Temporary in-memory state until
-//! the state crate lands.)
+//! The skeleton's job function: a running count per key, in keyed `ValueState`.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{FileEntry, StateManifest};
+use streamstate_state::{SnapshotResult, StateError, StateStore, StoreConfig, ValueState, ValueStateDescriptor};
+
 use crate::config::Config;
 use crate::decode::Event;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    #[error("state I/O on {path}: {reason}")]
-    Io { path: String, reason: String },
+    #[error("state: {0}")]
+    State(#[from] StateError),
 }
 
 pub struct CountJob {
-    counts: BTreeMap<String, u64>,
-    max_parallelism: u32,
+    store: StateStore,
+    count: ValueState<u64>,
 }
 
 impl CountJob {
-    pub fn fresh(_config: &Config, _dir: &Path, max_parallelism: u32) -> Result<Self, ProcessError> {
-        Ok(Self { counts: BTreeMap::new(), max_parallelism })
+    /// Empty state with `max_parallelism` key groups (first start).
+    pub fn fresh(config: &Config, work_dir: &Path, max_parallelism: u32) -> Result<Self, ProcessError> {
+        let store = StateStore::open(StoreConfig::new(config.state.backend, work_dir, max_parallelism))?;
+        Self::with_store(store)
     }
 
-    pub fn restore(_config: &Config, _dir: &Path, from: &Path, m: &StateManifest) -> Result<Self, ProcessError> {
-        let path = from.join("counts.json");
-        let io = |e: String| ProcessError::Io { path: path.display().to_string(), reason: e };
-        let bytes = std::fs::read(&path).map_err(|e| io(e.to_string()))?;
-        let counts = serde_json::from_slice(&bytes).map_err(|e| io(e.to_string()))?;
-        Ok(Self { counts, max_parallelism: m.max_parallelism })
+    /// State rebuilt from a checkpoint's files under `from`, verified before use.
+    pub fn restore(config: &Config, work_dir: &Path, from: PathBuf, snapshot: &SnapshotResult) -> Result<Self, ProcessError> {
+        let job = Self::fresh(config, work_dir, snapshot.max_parallelism)?;
+        job.store.restore(&[(from, snapshot.clone())])?;
+        Ok(job)
+    }
+
+    fn with_store(store: StateStore) -> Result<Self, ProcessError> {
+        let count = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
+        Ok(Self { store, count })
     }
 
     pub fn process(&mut self, event: &Event) -> Result<u64, ProcessError> {
-        let c = self.counts.entry(event.key.clone()).or_default();
-        *c += 1;
-        Ok(*c)
+        self.store.set_current_key(event.key.as_bytes())?;
+        let n = self.count.value()?.unwrap_or(0) + 1;
+        self.count.update(&n)?;
+        Ok(n)
     }
 
-    pub fn snapshot(&mut self, _id: u64, dir: &Path) -> Result<StateManifest, ProcessError> {
-        let io = |e: String| ProcessError::Io { path: dir.display().to_string(), reason: e };
-        std::fs::create_dir_all(dir).map_err(|e| io(e.to_string()))?;
-        let bytes = serde_json::to_vec(&self.counts).map_err(|e| io(e.to_string()))?;
-        std::fs::write(dir.join("counts.json"), bytes).map_err(|e| io(e.to_string()))?;
-        Ok(StateManifest {
-            backend: "hashmap".into(),
-            max_parallelism: self.max_parallelism,
-            key_group_start: 0,
-            key_group_end: self.max_parallelism - 1,
-            files: vec![FileEntry::of(dir, "counts.json").map_err(|e| io(e.to_string()))?],
-        })
+    /// The synchronous part of a checkpoint: RocksDB checkpoint (hard links) or a full
+    /// heap dump, plus operator state, into `dir`.
+    pub fn snapshot(&mut self, id: u64, dir: &Path) -> Result<SnapshotResult, ProcessError> {
+        Ok(self.store.snapshot(id, dir)?)
     }
 }

@@ -8,7 +8,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::checkpoint::{offset_metadata, parse_offset_metadata};
+use crate::checkpoint::{CheckpointRef, offset_metadata, parse_offset_metadata};
 use crate::config::{Config, StartOffsets};
 use crate::kafka_log::LogContext;
 
@@ -28,7 +28,7 @@ pub enum SourceError {
     #[error(
         "committed offsets of group `{group}` name different checkpoints ({ids:?}); refusing to guess which state is true"
     )]
-    InconsistentCommit { group: String, ids: Vec<u64> },
+    InconsistentCommit { group: String, ids: Vec<String> },
 }
 
 pub struct Source {
@@ -40,7 +40,7 @@ pub struct Source {
 /// What the consumer group says about where this instance stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {
-    pub checkpoint_id: u64,
+    pub checkpoint: CheckpointRef,
     pub offsets: Offsets,
 }
 
@@ -95,17 +95,20 @@ impl Source {
         let mut ids = Vec::new();
         let mut offsets = Offsets::new();
         for e in got.elements() {
-            if let (Offset::Offset(o), Some(id)) = (e.offset(), parse_offset_metadata(e.metadata())) {
+            if let (Offset::Offset(o), Some(c)) = (e.offset(), parse_offset_metadata(e.metadata())) {
                 offsets.insert((e.topic().to_string(), e.partition()), o);
-                ids.push(id);
+                ids.push(c);
             }
         }
-        ids.sort_unstable();
+        ids.sort();
         ids.dedup();
         match ids.as_slice() {
             [] => Ok(None),
-            [id] => Ok(Some(Committed { checkpoint_id: *id, offsets })),
-            _ => Err(SourceError::InconsistentCommit { group: self.group.clone(), ids }),
+            [c] => Ok(Some(Committed { checkpoint: c.clone(), offsets })),
+            _ => Err(SourceError::InconsistentCommit {
+                group: self.group.clone(),
+                ids: ids.iter().map(ToString::to_string).collect(),
+            }),
         }
     }
 
@@ -139,9 +142,9 @@ impl Source {
 }
 
 /// The offsets to commit with an epoch's transaction, each naming the checkpoint.
-pub fn offsets_for_commit(offsets: &Offsets, checkpoint_id: u64) -> Result<TopicPartitionList, KafkaError> {
+pub fn offsets_for_commit(offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<TopicPartitionList, KafkaError> {
     let mut tpl = TopicPartitionList::new();
-    let meta = offset_metadata(checkpoint_id);
+    let meta = offset_metadata(checkpoint);
     for ((t, p), o) in offsets {
         let mut e = tpl.add_partition(t, *p);
         e.set_offset(Offset::Offset(*o))?;

@@ -1,26 +1,74 @@
-//! The manifest: what a checkpoint holds, with enough to verify every byte before restoring.
+//! The manifest: what a checkpoint holds and where each file lives in storage.
 
-use std::path::Path;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
-use super::CheckpointError;
+use streamstate_state::SnapshotResult;
 
 /// Bumped on any incompatible change; restore refuses versions it does not know.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Names one checkpoint: a monotonic id plus the id of the process run that wrote it.
+///
+/// The run part keeps a fenced zombie (paused, then resumed) from overwriting a
+/// checkpoint of its successor that happens to get the same id: every process writes
+/// only names of its own.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CheckpointRef {
+    pub id: u64,
+    pub run: String,
+}
+
+impl CheckpointRef {
+    pub fn new(id: u64, run: &str) -> Self {
+        Self { id, run: run.to_string() }
+    }
+
+    /// A fresh run id: 8 hex digits from the OS's randomness.
+    pub fn new_run() -> String {
+        format!("{:08x}", rand::random::<u32>())
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        let (id, run) = name.strip_prefix("chk-")?.split_once('-')?;
+        let valid_run = run.len() == 8 && run.bytes().all(|b| b.is_ascii_hexdigit());
+        valid_run.then_some(())?;
+        Some(Self { id: id.parse().ok()?, run: run.to_string() })
+    }
+}
+
+impl fmt::Display for CheckpointRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "chk-{}-{}", self.id, self.run)
+    }
+}
+
+impl TryFrom<String> for CheckpointRef {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s).ok_or_else(|| format!("{s:?} is not a checkpoint name"))
+    }
+}
+
+impl From<CheckpointRef> for String {
+    fn from(c: CheckpointRef) -> String {
+        c.to_string()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub format_version: u32,
-    pub checkpoint_id: u64,
+    pub checkpoint: CheckpointRef,
     pub app_id: String,
     pub instance: u32,
     pub created_at_ms: u64,
     /// Next offset to read per input partition: the source's operator list state.
     pub offsets: Vec<PartitionOffset>,
-    pub state: StateManifest,
+    /// The state layer's own description of its files (sizes, SHA-256, key groups).
+    pub state: SnapshotResult,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,46 +79,16 @@ pub struct PartitionOffset {
     pub offset: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StateManifest {
-    pub backend: String,
-    pub max_parallelism: u32,
-    pub key_group_start: u32,
-    pub key_group_end: u32,
-    pub files: Vec<FileEntry>,
+/// Immutable RocksDB SST files are stored once under `shared/<sha256>` and referenced by
+/// every checkpoint that contains them: that is what makes checkpoints incremental.
+pub fn is_shared(path: &str) -> bool {
+    path.ends_with(".sst")
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileEntry {
-    /// Relative to the checkpoint directory; never absolute, never `..`.
-    pub path: String,
-    pub size: u64,
-    pub sha256: String,
-}
-
-impl FileEntry {
-    /// Hashes `root/rel`; used when writing and again when verifying.
-    pub fn of(root: &Path, rel: &str) -> Result<Self, CheckpointError> {
-        let path = root.join(rel);
-        let (size, sha256) = hash_file(&path)?;
-        Ok(Self { path: rel.to_string(), size, sha256 })
-    }
-
-    /// Rejects paths that could escape the checkpoint directory.
-    pub fn is_safe(&self) -> bool {
-        let p = Path::new(&self.path);
-        !self.path.is_empty()
-            && p.components().all(|c| matches!(c, std::path::Component::Normal(_)))
-    }
-}
-
-pub fn hash_file(path: &Path) -> Result<(u64, String), CheckpointError> {
-    let mut file = std::fs::File::open(path).map_err(|e| CheckpointError::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let size = std::io::copy(&mut file, &mut hasher).map_err(|e| CheckpointError::io(path, e))?;
-    Ok((size, hex::encode(hasher.finalize())))
+/// Rejects paths that could escape the checkpoint directory.
+pub fn is_safe_path(path: &str) -> bool {
+    let p = std::path::Path::new(path);
+    !path.is_empty() && p.components().all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 #[cfg(test)]
@@ -78,11 +96,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn checkpoint_names_round_trip_and_reject_junk() {
+        let c = CheckpointRef::new(42, "0badcafe");
+        assert_eq!(CheckpointRef::parse(&c.to_string()), Some(c));
+        for junk in ["chk-1", "chk-x-0badcafe", "chk-1-../../x", "chk-1-0badcafe.tmp", "manifest"] {
+            assert_eq!(CheckpointRef::parse(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
     fn refuses_paths_that_escape_the_checkpoint() {
-        let e = |p: &str| FileEntry { path: p.into(), size: 0, sha256: String::new() };
-        assert!(e("db/000012.sst").is_safe());
-        assert!(!e("../etc/passwd").is_safe());
-        assert!(!e("/etc/passwd").is_safe());
-        assert!(!e("").is_safe());
+        assert!(is_safe_path("db/000012.sst"));
+        assert!(!is_safe_path("../etc/passwd"));
+        assert!(!is_safe_path("/etc/passwd"));
+        assert!(!is_safe_path(""));
     }
 }

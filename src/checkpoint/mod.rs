@@ -1,29 +1,29 @@
 //! Checkpoint storage and the manifest that makes a checkpoint verifiable.
 //!
-//! A checkpoint directory becomes visible under its final name only after every file and
-//! the manifest are fsynced, so a crash mid-write leaves a `.tmp` directory that recovery
-//! deletes, never a half checkpoint. The `COMPLETED` marker is written after the Kafka
-//! transaction commits; recovery never relies on it (the committed offsets name the
-//! checkpoint) but pruning and listing do.
+//! A checkpoint becomes visible under its final name only after every file and the
+//! manifest are durable, so a crash mid-write leaves debris that recovery deletes, never
+//! a half checkpoint. The `COMPLETED` marker is written after the Kafka transaction
+//! commits; recovery never relies on it (the committed offsets name the checkpoint) but
+//! listing and pruning do.
 
+mod fs;
 mod manifest;
-mod storage;
 
-pub use manifest::{FORMAT_VERSION, FileEntry, Manifest, PartitionOffset, StateManifest, hash_file};
-pub use storage::{CheckpointInfo, FsStorage};
+pub use fs::FsStorage;
+pub use manifest::{CheckpointRef, FORMAT_VERSION, Manifest, PartitionOffset, is_safe_path, is_shared};
 
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint I/O on {path}: {source}")]
+    #[error("checkpoint storage I/O on {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("checkpoint chk-{id} is missing at {path}")]
-    Missing { id: u64, path: PathBuf },
-    #[error("checkpoint chk-{id}: manifest {path} is unreadable: {reason}")]
-    BadManifest { id: u64, path: PathBuf, reason: String },
-    #[error("checkpoint chk-{id}: file {path} is corrupt: {reason}")]
-    Corrupt { id: u64, path: PathBuf, reason: String },
+    #[error("checkpoint {name} is missing at {path}")]
+    Missing { name: String, path: PathBuf },
+    #[error("checkpoint {name}: manifest {path} is unreadable: {reason}")]
+    BadManifest { name: String, path: PathBuf, reason: String },
+    #[error("checkpoint {name}: file {path} is missing or damaged: {reason}")]
+    Corrupt { name: String, path: PathBuf, reason: String },
 }
 
 impl CheckpointError {
@@ -32,15 +32,51 @@ impl CheckpointError {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub checkpoint: CheckpointRef,
+    pub completed: bool,
+}
+
+/// Bytes a checkpoint added to storage versus the bytes it references.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    pub bytes_written: u64,
+    pub bytes_total: u64,
+}
+
+/// Where checkpoints of one instance live. Knows nothing of Kafka or of the state
+/// backend: it stores the files a manifest lists and hands them back.
+pub trait CheckpointStorage: Send + Sync {
+    /// Stores the manifest's files from `src` (shared files only when not yet stored),
+    /// then the manifest. Everything is durable when this returns, because the caller
+    /// commits the Kafka transaction next and that commit declares this the state.
+    fn write(&self, manifest: &Manifest, src: &Path) -> Result<WriteStats, CheckpointError>;
+    fn mark_complete(&self, checkpoint: &CheckpointRef) -> Result<(), CheckpointError>;
+    fn read_manifest(&self, checkpoint: &CheckpointRef) -> Result<Manifest, CheckpointError>;
+    /// Makes the checkpoint's files available under the local directory `into` (hard
+    /// links or downloads); the state layer verifies their checksums when it restores.
+    fn fetch(&self, manifest: &Manifest, into: &Path) -> Result<(), CheckpointError>;
+    fn list(&self) -> Result<Vec<CheckpointInfo>, CheckpointError>;
+    /// Deletes checkpoints that were never committed: newer than `committed` or written
+    /// by another run with the same id, plus unfinished writes.
+    fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError>;
+    /// Keeps the newest `retained` completed checkpoints and always `keep`; removes
+    /// shared files that no remaining checkpoint references.
+    fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError>;
+    /// Where a person finds this storage (for log lines).
+    fn describe(&self) -> String;
+}
+
 /// Offset metadata written with the transaction's offsets: names the checkpoint that
 /// holds the state matching these offsets.
-pub fn offset_metadata(id: u64) -> String {
-    format!("streamstate:chk-{id}")
+pub fn offset_metadata(checkpoint: &CheckpointRef) -> String {
+    format!("streamstate:{checkpoint}")
 }
 
 /// Inverse of [`offset_metadata`]; `None` for offsets committed by something else.
-pub fn parse_offset_metadata(meta: &str) -> Option<u64> {
-    meta.strip_prefix("streamstate:chk-")?.parse().ok()
+pub fn parse_offset_metadata(meta: &str) -> Option<CheckpointRef> {
+    CheckpointRef::parse(meta.strip_prefix("streamstate:")?)
 }
 
 #[cfg(test)]
@@ -49,8 +85,95 @@ mod tests {
 
     #[test]
     fn offset_metadata_round_trips() {
-        assert_eq!(parse_offset_metadata(&offset_metadata(42)), Some(42));
+        let c = CheckpointRef::new(42, "00c0ffee");
+        assert_eq!(parse_offset_metadata(&offset_metadata(&c)), Some(c));
         assert_eq!(parse_offset_metadata(""), None);
         assert_eq!(parse_offset_metadata("streamstate:chk-x"), None);
+    }
+}
+
+/// One behaviour suite for every [`CheckpointStorage`]; each backend's tests call it.
+#[cfg(test)]
+pub(crate) mod suite {
+    use super::*;
+    use sha2::{Digest, Sha256};
+    use streamstate_state::{BackendKind, KeyGroupRange, KeyedFormat, SnapshotFile, SnapshotResult};
+
+    /// Writes `files` (path, content) under `src` and returns a manifest listing them.
+    pub fn manifest(c: &CheckpointRef, src: &Path, files: &[(&str, &[u8])]) -> Manifest {
+        let mut listed = Vec::new();
+        for (path, content) in files {
+            let p = src.join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write");
+            listed.push(SnapshotFile {
+                path: path.to_string(),
+                size: content.len() as u64,
+                sha256: hex::encode(Sha256::digest(content)),
+            });
+        }
+        Manifest {
+            format_version: FORMAT_VERSION,
+            checkpoint: c.clone(),
+            app_id: "a".into(),
+            instance: 0,
+            created_at_ms: 0,
+            offsets: vec![PartitionOffset { topic: "t".into(), partition: 0, offset: 7 }],
+            state: SnapshotResult {
+                format_version: 1,
+                checkpoint_id: c.id,
+                backend: BackendKind::Rocksdb,
+                keyed_format: KeyedFormat::RocksdbCheckpoint,
+                max_parallelism: 4,
+                key_group_range: KeyGroupRange::new(0, 3),
+                instance_index: 0,
+                instance_count: 1,
+                files: listed,
+            },
+        }
+    }
+
+    pub fn round_trips_and_shares_sst_files(s: &dyn CheckpointStorage) {
+        let src = tempfile::tempdir().expect("dir");
+        let (c1, c2) = (CheckpointRef::new(1, "00000001"), CheckpointRef::new(2, "00000001"));
+        let big = vec![7u8; 100_000];
+        let m1 = manifest(&c1, src.path(), &[("db/000010.sst", &big), ("db/MANIFEST-1", b"m1"), ("meta.json", b"{}")]);
+        let w1 = s.write(&m1, src.path()).expect("write 1");
+        assert!(w1.bytes_written >= 100_000);
+        s.mark_complete(&c1).expect("complete");
+        assert_eq!(s.read_manifest(&c1).expect("read"), m1);
+
+        let m2 = manifest(&c2, src.path(), &[("db/000010.sst", &big), ("db/000011.sst", b"new"), ("meta.json", b"{1}")]);
+        let w2 = s.write(&m2, src.path()).expect("write 2");
+        assert!(w2.bytes_written < 10_000, "the unchanged SST must not be stored again: {w2:?}");
+        assert!(w2.bytes_total > 100_000);
+        s.mark_complete(&c2).expect("complete");
+
+        s.prune(1, &c2).expect("prune");
+        let names: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
+        assert_eq!(names, vec![c2.clone()]);
+        let out = tempfile::tempdir().expect("dir");
+        let into = out.path().join("restore");
+        s.fetch(&s.read_manifest(&c2).expect("read"), &into).expect("fetch after prune");
+        assert_eq!(std::fs::read(into.join("db/000010.sst")).expect("sst"), big);
+        assert_eq!(std::fs::read(into.join("meta.json")).expect("meta"), b"{1}");
+    }
+
+    pub fn discards_what_never_committed(s: &dyn CheckpointStorage) {
+        let src = tempfile::tempdir().expect("dir");
+        let committed = CheckpointRef::new(5, "aaaaaaaa");
+        for c in [CheckpointRef::new(4, "aaaaaaaa"), committed.clone(), CheckpointRef::new(5, "bbbbbbbb"), CheckpointRef::new(6, "aaaaaaaa")] {
+            s.write(&manifest(&c, src.path(), &[("x", b"x")]), src.path()).expect("write");
+        }
+        let mut removed = s.discard_uncommitted(Some(&committed)).expect("discard");
+        removed.sort();
+        assert_eq!(removed, vec![CheckpointRef::new(5, "bbbbbbbb"), CheckpointRef::new(6, "aaaaaaaa")]);
+        assert_eq!(s.discard_uncommitted(None).expect("discard all").len(), 2);
+    }
+
+    pub fn names_missing_checkpoints_and_files(s: &dyn CheckpointStorage) {
+        let c = CheckpointRef::new(9, "cccccccc");
+        let err = s.read_manifest(&c).expect_err("missing").to_string();
+        assert!(err.contains("chk-9-cccccccc") && err.contains("missing"), "{err}");
     }
 }

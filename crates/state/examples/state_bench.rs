@@ -1,1 +1,159 @@
-fn main() {}
+//! State benchmark (not a test): ops/s per state kind and backend, and
+//! snapshot time/size for 1M keys, plus the incremental snapshot after 1,000
+//! updates. Run: `cargo run --release -p streamstate-state --example state_bench [keys]`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use streamstate_state::*;
+
+struct Sum;
+impl AggregateFunction for Sum {
+    type In = u64;
+    type Acc = (u64, u64);
+    type Out = u64;
+    fn create_accumulator(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn add(&self, v: u64, a: (u64, u64)) -> (u64, u64) {
+        (a.0 + v, a.1 + 1)
+    }
+    fn get_result(&self, a: &(u64, u64)) -> u64 {
+        a.0
+    }
+    fn merge(&self, a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
+        (a.0 + b.0, a.1 + b.1)
+    }
+}
+
+fn keys(n: u64) -> Vec<Vec<u8>> {
+    (0..n).map(|i| format!("user-{i:08}").into_bytes()).collect()
+}
+
+fn rate(label: &str, kind: BackendKind, ops: u64, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    let t = Instant::now();
+    f()?;
+    let secs = t.elapsed().as_secs_f64();
+    println!("{kind:?}\t{label:<28}\t{:>12.0} ops/s", ops as f64 / secs);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let snapshot_keys: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let ops: u64 = 300_000;
+    let ks = keys(100_000);
+    let tmp = std::env::temp_dir().join(format!("streamstate-bench-{}", std::process::id()));
+    println!("backend\tstate kind (set_current_key + op)\tthroughput");
+    for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
+        let store = StateStore::open_with_clock(StoreConfig::new(kind, tmp.join(format!("{kind:?}")), 128), Arc::new(ManualClock::new(1)))?;
+        let v = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
+        let vt = store.value_state(&ValueStateDescriptor::<u64>::new("count-ttl").with_ttl(TtlConfig::new(std::time::Duration::from_secs(60))))?;
+        let l = store.list_state(&ListStateDescriptor::<u64>::new("list"))?;
+        let m = store.map_state(&MapStateDescriptor::<u32, u64>::new("map"))?;
+        let r = store.reducing_state(&ReducingStateDescriptor::new("reduce", |a: &u64, b: &u64| a + b))?;
+        let a = store.aggregating_state(&AggregatingStateDescriptor::new("agg", Sum))?;
+        let n = ks.len() as u64;
+        let key = |i: u64| &ks[(i.wrapping_mul(2_654_435_761) % n) as usize];
+        rate("value get+update", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                let c = v.value()?.unwrap_or(0);
+                v.update(&(c + 1))?;
+            }
+            Ok(())
+        })?;
+        rate("value get+update (TTL)", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                let c = vt.value()?.unwrap_or(0);
+                vt.update(&(c + 1))?;
+            }
+            Ok(())
+        })?;
+        rate("list add", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                l.add(&i)?;
+            }
+            Ok(())
+        })?;
+        rate("list get (~3 elements)", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                std::hint::black_box(l.get()?);
+            }
+            Ok(())
+        })?;
+        rate("map put", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                m.put(&((i % 8) as u32), &i)?;
+            }
+            Ok(())
+        })?;
+        rate("map get", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                std::hint::black_box(m.get(&((i % 8) as u32))?);
+            }
+            Ok(())
+        })?;
+        rate("reducing add", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                r.add(&i)?;
+            }
+            Ok(())
+        })?;
+        rate("aggregating add", kind, ops, || {
+            for i in 0..ops {
+                store.set_current_key(key(i))?;
+                a.add(i)?;
+            }
+            Ok(())
+        })?;
+        drop((v, vt, l, m, r, a));
+        drop(store);
+
+        // Snapshots of `snapshot_keys` keys.
+        let store = StateStore::open(StoreConfig::new(kind, tmp.join(format!("{kind:?}-snap")), 128))?;
+        let v = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
+        let big = keys(snapshot_keys);
+        let t = Instant::now();
+        for (i, k) in big.iter().enumerate() {
+            store.set_current_key(k)?;
+            v.update(&(i as u64))?;
+        }
+        let fill = t.elapsed();
+        let t = Instant::now();
+        let first = store.snapshot(1, &tmp.join(format!("{kind:?}-chk-1")))?;
+        let first_time = t.elapsed();
+        for k in big.iter().take(1000) {
+            store.set_current_key(k)?;
+            v.update(&7)?;
+        }
+        let t = Instant::now();
+        let second = store.snapshot(2, &tmp.join(format!("{kind:?}-chk-2")))?;
+        let second_time = t.elapsed();
+        let old: HashSet<(String, String)> = first.files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect();
+        let new_bytes: u64 = second.files.iter().filter(|f| !old.contains(&(f.path.clone(), f.sha256.clone()))).map(|f| f.size).sum();
+        let t = Instant::now();
+        let restored = StateStore::open(StoreConfig::new(kind, tmp.join(format!("{kind:?}-restore")), 128))?;
+        restored.restore(&[(tmp.join(format!("{kind:?}-chk-2")), second.clone())])?;
+        let restore_time = t.elapsed();
+        println!(
+            "{kind:?}\tsnapshot {snapshot_keys} keys: fill {:.2?}, snapshot {:.2?}, {:.1} MB in {} files; after 1000 updates: snapshot {:.2?}, new files {:.1} KB of {:.1} MB total; restore {:.2?}",
+            fill,
+            first_time,
+            first.total_size() as f64 / 1e6,
+            first.files.len(),
+            second_time,
+            new_bytes as f64 / 1e3,
+            second.total_size() as f64 / 1e6,
+            restore_time
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}

@@ -85,10 +85,13 @@ impl<K, V> MapStateDescriptor<K, V> {
     }
 }
 
+/// The fold of a reducing state.
+pub type ReduceFn<T> = Arc<dyn Fn(&T, &T) -> T + Send + Sync>;
+
 /// Descriptor of a `ReducingState<T>`: `add` folds with `reduce`.
 pub struct ReducingStateDescriptor<T> {
     pub name: String,
-    pub reduce: Arc<dyn Fn(&T, &T) -> T + Send + Sync>,
+    pub reduce: ReduceFn<T>,
     pub ttl: Option<TtlConfig>,
 }
 

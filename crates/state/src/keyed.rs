@@ -222,7 +222,7 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
 pub struct ReducingState<T> {
     store: StateStore,
     meta: Arc<StateMeta>,
-    reduce: Arc<dyn Fn(&T, &T) -> T + Send + Sync>,
+    reduce: ReduceFn<T>,
 }
 
 impl<T: StateValue> ReducingState<T> {

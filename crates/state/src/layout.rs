@@ -69,6 +69,7 @@ pub(crate) fn encode_timer(out: &mut Vec<u8>, kg: u32, domain: u16, ts: u64, key
 }
 
 /// Parsed storage key (without the map user key, if any).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct KeyParts<'a> {
     pub kg: u32,
     pub state: u16,

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::backend::BackendKind;
-use crate::backend::rocks::scan_checkpoint;
+use crate::backend::rocks::{RocksBackend, scan_checkpoint};
 use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID};
@@ -42,6 +42,8 @@ pub const META_FILE: &str = "state-meta.json";
 pub const KEYED_FILE: &str = "keyed.bin";
 pub const SAVEPOINT_MANIFEST: &str = "savepoint.json";
 const MAGIC: &[u8; 4] = b"SSKV";
+/// Entries per WriteBatch when restore rebuilds keyed state.
+const BATCH: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -310,7 +312,7 @@ fn read_meta(dir: &Path) -> Result<MetaFile> {
 }
 
 /// Reads a canonical keyed file, calling `f` for every record.
-fn read_canonical(path: &Path, f: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> Result<()> {
     let corrupt = |reason: &str| StateError::Corrupt { path: path.to_path_buf(), reason: reason.into() };
     let mut data = Vec::new();
     File::open(path).at(path)?.read_to_end(&mut data).at(path)?;
@@ -357,7 +359,8 @@ fn read_canonical(path: &Path, f: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>) ->
 fn redistribute(lists: Vec<(u32, u32, BTreeMap<String, HexList>)>, index: u32, count: u32) -> Result<BTreeMap<String, OperatorList>> {
     let decode = |s: &String| hex::decode(s).map_err(|e| StateError::Invalid(format!("operator state: {e}")));
     let same_parallelism = lists.len() as u32 == count && lists.iter().all(|(_, c, _)| *c == count);
-    let mut by_name: BTreeMap<String, (Redistribution, Vec<(u32, Vec<Vec<u8>>)>)> = BTreeMap::new();
+    type PartsByName = BTreeMap<String, (Redistribution, Vec<(u32, Vec<Vec<u8>>)>)>;
+    let mut by_name: PartsByName = BTreeMap::new();
     for (old_index, _, l) in lists {
         for (name, hl) in l {
             let entries = hl.entries.iter().map(decode).collect::<Result<Vec<_>>>()?;
@@ -480,15 +483,41 @@ impl StateStore {
         }
         // 3. Build the new keyed state in a fresh backend.
         let generation = g.generation + 1;
-        let mut backend = open_backend(&g.config, generation, &g.ttl_registry, &g.clock)?;
+        let needed: Vec<usize> = (0..metas.len()).filter(|i| metas[*i].3).collect();
+        // Fast path (a restart without rescale): reuse the checkpoint's SSTs.
+        let reuse = match needed.as_slice() {
+            [i] => {
+                let (_, r, _, _) = &metas[*i];
+                g.config.backend == BackendKind::Rocksdb
+                    && r.keyed_format == KeyedFormat::RocksdbCheckpoint
+                    && r.key_group_range == range
+                    && remaps[*i].iter().all(|(a, b)| a == b)
+            }
+            _ => false,
+        };
+        let new_dir = g.config.work_dir.join(format!("rocksdb-{generation}"));
+        let mut backend: Box<dyn crate::backend::KvBackend> = if reuse {
+            if new_dir.exists() {
+                std::fs::remove_dir_all(&new_dir).at(&new_dir)?;
+            }
+            match RocksBackend::open_from_checkpoint(&metas[needed[0]].0.join("db"), &new_dir, g.ttl_registry.clone(), g.clock.clone()) {
+                Ok(b) => Box::new(b),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&new_dir);
+                    return Err(e);
+                }
+            }
+        } else {
+            open_backend(&g.config, generation, &g.ttl_registry, &g.clock)?
+        };
         let log_dir = g.config.work_dir.join("restore-logs");
         let fill = (|| -> Result<()> {
             let (start, end) = layout::key_group_bounds(range.start, range.end);
             for ((dir, r, _, needed), remap) in metas.iter().zip(&remaps) {
-                if !needed {
+                if !needed || reuse {
                     continue;
                 }
-                let mut key = Vec::with_capacity(64);
+                let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(BATCH);
                 let mut put = |k: &[u8], v: &[u8]| -> Result<()> {
                     let kg = u16::from_be_bytes([k[0], k[1]]) as u32;
                     if !range.contains(kg) {
@@ -500,10 +529,14 @@ impl StateStore {
                     } else {
                         *remap.get(&id).ok_or_else(|| StateError::Corrupt { path: dir.join(META_FILE), reason: format!("state id {id} not registered") })?
                     };
-                    key.clear();
-                    key.extend_from_slice(k);
+                    let mut key = k.to_vec();
                     key[2..4].copy_from_slice(&new_id.to_be_bytes());
-                    backend.put(&key, v)
+                    pending.push((key, v.to_vec()));
+                    if pending.len() >= BATCH {
+                        backend.put_many(&pending)?;
+                        pending.clear();
+                    }
+                    Ok(())
                 };
                 match r.keyed_format {
                     KeyedFormat::Canonical => read_canonical(&dir.join(KEYED_FILE), &mut put)?,
@@ -512,6 +545,7 @@ impl StateStore {
                         scan_checkpoint(&dir.join("db"), &log_dir, &start, &end, &mut put)?
                     }
                 }
+                backend.put_many(&pending)?;
             }
             backend.flush()
         })();
@@ -554,7 +588,7 @@ impl StateStore {
         }
         g.next_id = next_id;
         g.operator = operator;
-        g.restored = true;
+        g.restored = !parts.is_empty();
         g.sha_cache.clear();
         g.cursor.clear();
         g.rebuild_timer_index()?;

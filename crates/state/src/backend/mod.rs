@@ -32,6 +32,9 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
+/// Receives stored (key, value) pairs during restore; an error stops the walk.
+pub(crate) type EntrySink<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<()>;
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
@@ -43,6 +46,13 @@ pub trait KvBackend: Send {
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()>;
     /// Visits `[start, end)` in key order until `f` returns false.
     fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()>;
+    /// Writes many entries at once (RocksDB: one WriteBatch). Restore uses it.
+    fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (k, v) in entries {
+            self.put(k, v)?;
+        }
+        Ok(())
+    }
     /// Makes buffered writes visible to snapshots.
     fn flush(&mut self) -> Result<()>;
     /// Runs compaction (and with it the TTL compaction filter) where there is one.

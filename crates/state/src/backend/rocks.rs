@@ -85,6 +85,28 @@ impl RocksBackend {
         Ok(Self { db, path: path.to_path_buf(), write })
     }
 
+    /// Opens a database seeded from a checkpoint of the same key-group
+    /// range: SST files are hard-linked (copied if linking fails), the rest
+    /// copied, because RocksDB appends to its MANIFEST and must never write
+    /// into checkpoint storage. The SSTs keep their names, so the next
+    /// incremental snapshot shares them with the restored checkpoint.
+    pub(crate) fn open_from_checkpoint(checkpoint: &Path, path: &Path, registry: TtlRegistry, clock: Arc<dyn Clock>) -> Result<Self> {
+        std::fs::create_dir_all(path).at(path)?;
+        for entry in std::fs::read_dir(checkpoint).at(checkpoint)? {
+            let entry = entry.at(checkpoint)?;
+            let src = entry.path();
+            if !entry.file_type().at(&src)?.is_file() {
+                continue;
+            }
+            let dst = path.join(entry.file_name());
+            let is_sst = src.extension().is_some_and(|e| e == "sst");
+            if !(is_sst && std::fs::hard_link(&src, &dst).is_ok()) {
+                std::fs::copy(&src, &dst).at(&src)?;
+            }
+        }
+        Self::open(path, registry, clock)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -92,7 +114,7 @@ impl RocksBackend {
 
 /// Visits `[start, end)` of a RocksDB checkpoint directory without modifying
 /// it (restore reads old instances' checkpoints this way).
-pub(crate) fn scan_checkpoint(dir: &Path, log_dir: &Path, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+pub(crate) fn scan_checkpoint(dir: &Path, log_dir: &Path, start: &[u8], end: &[u8], f: super::EntrySink<'_>) -> Result<()> {
     let mut opts = db_options(None);
     // Keep RocksDB's info log out of checkpoint storage.
     opts.set_db_log_dir(log_dir);
@@ -152,6 +174,14 @@ impl KvBackend for RocksBackend {
             it.next();
         }
         Ok(it.status()?)
+    }
+
+    fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = rocksdb::WriteBatch::default();
+        for (k, v) in entries {
+            batch.put(k, v);
+        }
+        Ok(self.db.write_opt(batch, &self.write)?)
     }
 
     fn flush(&mut self) -> Result<()> {
