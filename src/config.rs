@@ -143,6 +143,13 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// Parsed `checkpoint.storage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageLocation {
+    File(PathBuf),
+    S3 { bucket: String, prefix: String },
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
@@ -241,24 +248,25 @@ impl Config {
         {
             return invalid("state.max_parallelism", "must be between 1 and 32768");
         }
-        self.checkpoint_dir()?;
+        self.checkpoint_location()?;
         Ok(())
     }
 
-    /// The local directory behind `checkpoint.storage`.
-    pub fn checkpoint_dir(&self) -> Result<PathBuf, ConfigError> {
+    /// Where `checkpoint.storage` points.
+    pub fn checkpoint_location(&self) -> Result<StorageLocation, ConfigError> {
         let key = "checkpoint.storage";
-        let url = url::Url::parse(&self.checkpoint.storage)
-            .map_err(|e| ConfigError::Invalid { key, reason: format!("not a URL: {e}") })?;
+        let invalid = |reason: String| ConfigError::Invalid { key, reason };
+        let url = url::Url::parse(&self.checkpoint.storage).map_err(|e| invalid(format!("not a URL: {e}")))?;
         match url.scheme() {
-            "file" => url.to_file_path().map_err(|()| ConfigError::Invalid {
-                key,
-                reason: "file:// URL must hold an absolute path".into(),
-            }),
-            other => Err(ConfigError::Invalid {
-                key,
-                reason: format!("scheme `{other}` is not supported; use file:///path"),
-            }),
+            "file" => url
+                .to_file_path()
+                .map(StorageLocation::File)
+                .map_err(|()| invalid("file:// URL must hold an absolute path".into())),
+            "s3" => {
+                let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| invalid("s3:// URL needs a bucket".into()))?;
+                Ok(StorageLocation::S3 { bucket: bucket.to_string(), prefix: url.path().trim_matches('/').to_string() })
+            }
+            other => Err(invalid(format!("scheme `{other}` is not supported; use file:///path or s3://bucket/prefix"))),
         }
     }
 
@@ -331,6 +339,10 @@ key = "/user"
         let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\nstorage = \"ftp://x/y\"\n")))
             .expect_err("ftp must fail");
         assert!(err.to_string().contains("checkpoint.storage"), "{err}");
+        let c = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\nstorage = \"s3://bkt/a/b/\"\n")))
+            .expect("s3 parses");
+        let expected = StorageLocation::S3 { bucket: "bkt".into(), prefix: "a/b".into() };
+        assert_eq!(c.checkpoint_location().expect("location"), expected);
     }
 
     #[test]

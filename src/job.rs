@@ -16,7 +16,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::checkpoint::{
-    CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, FsStorage, Manifest, PartitionOffset,
+    CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset, open_storage,
 };
 use crate::config::Config;
 use crate::decode::{DecodeError, Decoder};
@@ -83,8 +83,7 @@ impl Job {
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
         let sink = Sink::new(&config)?;
-        let storage: Box<dyn CheckpointStorage> =
-            Box::new(FsStorage::open(&config.checkpoint_dir()?, &config.kafka.app_id, config.job.instance)?);
+        let storage = open_storage(&config)?;
         let state_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
         let committed = source.committed(&parts)?;
         let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| &c.checkpoint))?;

@@ -14,6 +14,8 @@ pub use manifest::{CheckpointRef, FORMAT_VERSION, Manifest, PartitionOffset, is_
 
 use std::path::{Path, PathBuf};
 
+use crate::config::{Config, StorageLocation};
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint storage I/O on {path}: {source}")]
@@ -24,6 +26,8 @@ pub enum CheckpointError {
     BadManifest { name: String, path: PathBuf, reason: String },
     #[error("checkpoint {name}: file {path} is missing or damaged: {reason}")]
     Corrupt { name: String, path: PathBuf, reason: String },
+    #[error("checkpoint.storage: {0}")]
+    Unsupported(String),
 }
 
 impl CheckpointError {
@@ -66,6 +70,15 @@ pub trait CheckpointStorage: Send + Sync {
     fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError>;
     /// Where a person finds this storage (for log lines).
     fn describe(&self) -> String;
+}
+
+/// Opens the storage `checkpoint.storage` names, for this app and instance.
+pub fn open_storage(config: &Config) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
+    let (app, instance) = (&config.kafka.app_id, config.job.instance);
+    match config.checkpoint_location().map_err(|e| CheckpointError::Unsupported(e.to_string()))? {
+        StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(&dir, app, instance)?)),
+        StorageLocation::S3 { .. } => Err(CheckpointError::Unsupported("s3:// storage is not available in this build".into())),
+    }
 }
 
 /// Offset metadata written with the transaction's offsets: names the checkpoint that

@@ -38,6 +38,38 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Integration points (what the runtime calls)
+//!
+//! - [`key_group_for`]`(key, max_parallelism) -> u32`: Kafka's default
+//!   partitioner, so key group = input partition when `max_parallelism` =
+//!   partition count. [`KeyGroupRange::for_instance`]`(max_p, n, i)`.
+//! - [`StateStore::open_with_clock`]`(StoreConfig, Arc<dyn Clock>)`; config:
+//!   backend (`"hashmap" | "rocksdb"` parse into [`BackendKind`]), work dir
+//!   (wiped), max parallelism, key-group range, instance index/count.
+//! - Per record: [`StateStore::set_current_key`]`(&[u8])` (errors for a key
+//!   outside the range), optional [`StateStore::set_current_namespace`], then
+//!   cached handles ([`ValueState`], [`ListState`], [`MapState`], …). One
+//!   mutex per store; handles are `Clone + Send + Sync`; no allocation on a
+//!   value get/update of an existing key.
+//! - Timers: `register_*_timer` / `delete_*_timer` for the current key and
+//!   namespace; the runtime drains [`StateStore::pop_due_timers`]`(domain,
+//!   watermark_or_now)` (time order) and sets each timer's key before
+//!   calling `on_timer`.
+//! - Operator state: [`StateStore::operator_list_state`] (source offsets),
+//!   [`StateStore::union_list_state`]; broadcast: [`BroadcastContext`]
+//!   (writable) vs [`KeyedContext`] (read-only).
+//! - [`StateStore::snapshot`]`(checkpoint_id, dir) -> SnapshotResult` (files
+//!   with relative path, size, SHA-256; serde-serializable for the manifest).
+//!   RocksDB SST names are stable (immutable files) but only unique within
+//!   one restore generation: deduplicate by (name, SHA-256).
+//! - [`StateStore::restore`]`(&[(dir, SnapshotResult)])`: pass every part of
+//!   the checkpoint; checksums are verified first, keyed state is filtered to
+//!   this store's range (rescale), operator state redistributed.
+//! - [`StateStore::write_savepoint`] / [`StateStore::restore_savepoint`]: the
+//!   canonical, backend-neutral format (see [`snapshot`]).
+//! - [`StateStore::flush`] before handing files over is done by `snapshot`
+//!   itself; [`StateStore::compact`] runs the TTL compaction filter.
+//!
 //! Values are encoded with postcard 1.x (stable, documented wire format);
 //! storage keys put the key group first so a key-group range is one
 //! contiguous scan; see `layout` and [`snapshot`] for the on-disk formats.
