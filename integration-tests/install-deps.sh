@@ -18,6 +18,7 @@ if [ "${1:-}" != "--build-only" ]; then
   # The test broker runs on the JVM; its jars come from Maven Central.
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  need_pkg python3-venv    # the S3 test server (moto) installs into a venv
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the build and tests need, starts a real Kafka broker, runs every test,
-# and stops the broker even when tests fail. This is the README's test command and what
-# CI runs (.ci/run).
+# Installs what the build and tests need, starts a local S3 server (moto) and a real
+# Kafka broker, runs every test, and stops both even when tests fail. This is the
+# README's test command and what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -13,16 +13,24 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 "$root/integration-tests/install-deps.sh"
 
+# S3-compatible server for the s3:// checkpoint storage tests, unit and integration.
+moto="$root/integration-tests/s3/moto.sh"
+"$moto" start
+trap '"$moto" stop || true' EXIT
+STREAMSTATE_TEST_S3_ENDPOINT="$("$moto" endpoint)"
+export STREAMSTATE_TEST_S3_ENDPOINT
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+
 echo "== build (release: one RocksDB build serves tests, demo and benches)"
 cargo build --release --workspace --all-targets --locked
 
-echo "== unit tests (no broker needed)"
+echo "== unit tests (no broker needed; S3 storage tests use moto at $STREAMSTATE_TEST_S3_ENDPOINT)"
 cargo test --release --workspace --locked --lib --bins
 
 kafka="$root/integration-tests/kafka/kafka.sh"
 "$kafka" reset >/dev/null 2>&1 || true
 "$kafka" start
-trap '"$kafka" stop || "$kafka" kill || true' EXIT
+trap '"$kafka" stop || "$kafka" kill || true; "$moto" stop || true' EXIT
 export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"

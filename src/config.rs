@@ -131,6 +131,13 @@ pub struct CheckpointConfig {
     /// Completed checkpoints kept; older ones are pruned.
     #[serde(default = "default_retained")]
     pub retained: usize,
+    /// Least time between the end of one checkpoint and the start of the next, so slow
+    /// storage cannot turn the job into back-to-back checkpoints.
+    #[serde(default, with = "humantime_serde")]
+    pub min_pause: Duration,
+    /// Upper bound for one checkpoint's Kafka calls (offsets, commit), retries included.
+    #[serde(default = "default_checkpoint_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
 }
 
 impl Default for CheckpointConfig {
@@ -139,6 +146,8 @@ impl Default for CheckpointConfig {
             interval: default_checkpoint_interval(),
             storage: default_checkpoint_storage(),
             retained: default_retained(),
+            min_pause: Duration::ZERO,
+            timeout: default_checkpoint_timeout(),
         }
     }
 }
@@ -187,6 +196,9 @@ fn default_checkpoint_interval() -> Duration {
 }
 fn default_checkpoint_storage() -> String {
     "file:///var/lib/streamstate/checkpoints".to_string()
+}
+fn default_checkpoint_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 fn default_retained() -> usize {
     3
@@ -237,10 +249,10 @@ impl Config {
         if self.checkpoint.retained == 0 {
             return invalid("checkpoint.retained", "must be at least 1");
         }
-        if self.kafka.transaction_timeout <= self.checkpoint.interval * 2 {
+        if self.kafka.transaction_timeout <= self.checkpoint.interval + self.checkpoint.timeout {
             return invalid(
                 "kafka.transaction_timeout",
-                "must be more than twice checkpoint.interval, or open transactions time out between checkpoints",
+                "must exceed checkpoint.interval + checkpoint.timeout, or the broker aborts open transactions between checkpoints",
             );
         }
         if let Some(n) = self.state.max_parallelism
@@ -346,7 +358,7 @@ key = "/user"
     }
 
     #[test]
-    fn refuses_transaction_timeout_shorter_than_two_intervals() {
+    fn refuses_transaction_timeout_shorter_than_interval_plus_timeout() {
         let dir = tempfile::tempdir().expect("tempdir");
         let body = format!("{MINIMAL}\n[checkpoint]\ninterval = \"40s\"\n");
         let err = Config::load(&write(&dir, &body)).expect_err("must fail");

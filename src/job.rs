@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::Message;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::checkpoint::{
     CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset, open_storage,
@@ -23,7 +23,7 @@ use crate::decode::{DecodeError, Decoder};
 use crate::metrics::Metrics;
 use crate::process::{CountJob, ProcessError};
 use crate::sink::{Sink, SinkError};
-use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
+use crate::source::{Offsets, Partition, Source, SourceError, offsets_for_commit};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -35,10 +35,13 @@ pub enum JobError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Process(#[from] ProcessError),
-    #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
     #[error("checkpoint {name}: offsets in its manifest differ from the group's committed offsets")]
     OffsetMismatch { name: String },
+    #[error(
+        "cannot restore checkpoint {name}, which the committed offsets name: {source}. Fix or restore the \
+         checkpoint storage, or start with --allow-older-checkpoint to fall back to an older one (at-least-once)"
+    )]
+    Restore { name: String, source: Box<JobError> },
     #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
@@ -54,6 +57,14 @@ pub struct Control {
     pub alive: AtomicBool,
 }
 
+/// Choices made at start by the operator, not by the config file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartOptions {
+    /// When the committed checkpoint is missing or broken, restore the newest older one
+    /// that is intact. Its offsets are older, so records in between are processed again.
+    pub allow_older_checkpoint: bool,
+}
+
 pub struct Job {
     control: Arc<Control>,
     source: Source,
@@ -61,6 +72,9 @@ pub struct Job {
     /// This process run's id, part of every checkpoint name it writes.
     run: String,
     next_checkpoint_id: u64,
+    /// What an aborted epoch rewinds to: the last committed checkpoint, or the start.
+    last_committed: Option<CheckpointRef>,
+    start_offsets: Offsets,
     pipeline: Pipeline,
 }
 
@@ -75,52 +89,55 @@ struct Pipeline {
     offsets: Offsets,
 }
 
+/// Crash here when a test configured this failpoint (feature `failpoints`).
+macro_rules! crash_point {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| crate::failpoint_crash($name))
+    };
+}
+
 impl Job {
     /// Connects, fences the previous incarnation, and restores the committed checkpoint.
-    pub fn start(config: Config, metrics: Metrics, control: Arc<Control>) -> Result<Self, JobError> {
+    pub fn start(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> Result<Self, JobError> {
         let source = Source::new(&config)?;
         let parts = source.partitions(&config.kafka.bootstrap_servers, &config.kafka.input_topics)?;
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
         let sink = Sink::new(&config)?;
         let storage = open_storage(&config)?;
-        let state_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
         let committed = source.committed(&parts)?;
         let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| &c.checkpoint))?;
         if !discarded.is_empty() {
-            info!(checkpoints = ?discarded.iter().map(ToString::to_string).collect::<Vec<_>>(), "discarded checkpoints that never committed");
+            let names: Vec<String> = discarded.iter().map(ToString::to_string).collect();
+            info!(checkpoints = ?names, "discarded checkpoints that never committed");
         }
         let started = Instant::now();
-        let (state, offsets) = match committed {
-            Some(c) => {
-                let manifest = storage.read_manifest(&c.checkpoint)?;
-                if manifest_offsets(&manifest) != c.offsets {
-                    return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
-                }
-                let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
-                storage.fetch(&manifest, &fetched)?;
-                let state = CountJob::restore(&config, &state_dir, fetched.clone(), &manifest.state)?;
-                remove_dir(&fetched)?;
-                storage.mark_complete(&c.checkpoint)?;
-                info!(
-                    checkpoint = %c.checkpoint,
-                    storage = %storage.describe(),
-                    files = manifest.state.files.len(),
-                    bytes = manifest.state.total_size(),
-                    seconds = started.elapsed().as_secs_f64(),
-                    "restored state from checkpoint"
-                );
-                let mut offsets = c.offsets;
-                // Partitions added since the checkpoint start per config.
-                let new: Vec<_> = parts.iter().filter(|p| !offsets.contains_key(*p)).cloned().collect();
-                offsets.extend(source.start_offsets(&new, config.kafka.start_offsets)?);
-                (state, offsets)
-            }
+        let start_offsets = source.start_offsets(&parts, config.kafka.start_offsets)?;
+        let (state, offsets, last_committed) = match committed {
             None => {
                 info!("no committed checkpoint: first start with empty state");
                 let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
-                let state = CountJob::fresh(&config, &state_dir, max_parallelism)?;
-                (state, source.start_offsets(&parts, config.kafka.start_offsets)?)
+                (CountJob::fresh(&config, max_parallelism)?, start_offsets.clone(), None)
+            }
+            Some(c) => {
+                let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
+                    let offsets = manifest_offsets(&m);
+                    if offsets != c.offsets {
+                        return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
+                    }
+                    Ok((state, offsets, c.checkpoint.clone()))
+                });
+                let (state, offsets, checkpoint) = match restored {
+                    Ok(r) => r,
+                    Err(e) if options.allow_older_checkpoint => {
+                        error!(checkpoint = %c.checkpoint, error = %e, "committed checkpoint cannot be restored");
+                        restore_older(&config, storage.as_ref(), &c.checkpoint)?
+                    }
+                    Err(e) => return Err(JobError::Restore { name: c.checkpoint.to_string(), source: Box::new(e) }),
+                };
+                storage.mark_complete(&checkpoint)?;
+                info!(checkpoint = %checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
+                (state, with_new_partitions(offsets, &start_offsets), Some(checkpoint))
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
@@ -129,46 +146,100 @@ impl Job {
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
         info!(partitions = offsets.len(), transactional_id = %config.transactional_id(), "assigned input partitions");
         let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets };
-        Ok(Self { control, source, storage, run: CheckpointRef::new_run(), next_checkpoint_id, pipeline })
+        Ok(Self {
+            control,
+            source,
+            storage,
+            run: CheckpointRef::new_run(),
+            next_checkpoint_id,
+            last_committed,
+            start_offsets,
+            pipeline,
+        })
     }
 
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
     pub fn run(mut self) -> Result<(), JobError> {
         self.pipeline.sink.begin()?;
         self.control.ready.store(true, Ordering::SeqCst);
-        let interval = self.pipeline.config.checkpoint.interval;
+        let (interval, min_pause) = (self.pipeline.config.checkpoint.interval, self.pipeline.config.checkpoint.min_pause);
         let mut due = Instant::now() + interval;
         loop {
             self.control.alive.store(true, Ordering::Relaxed);
             if self.control.shutdown.load(Ordering::SeqCst) {
                 self.control.ready.store(false, Ordering::SeqCst);
-                self.checkpoint()?;
+                match self.checkpoint() {
+                    Err(JobError::Sink(SinkError::Abortable(e))) => {
+                        warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
+                        self.pipeline.sink.abort()?;
+                    }
+                    other => other?,
+                }
                 info!("final checkpoint committed; shutting down");
                 return Ok(());
             }
             let now = Instant::now();
             if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
-                self.checkpoint()?;
+                self.recover_abortable(|job| job.checkpoint())?;
                 self.pipeline.sink.begin()?;
-                due = Instant::now() + interval;
+                due = (now + interval).max(Instant::now() + min_pause);
                 continue;
             }
             let wait = (due - now).min(Duration::from_millis(100));
-            // Poll until the deadline, then let the loop take the checkpoint.
             let Some(polled) = self.source.consumer().poll(wait) else {
                 continue;
             };
-            match polled {
-                Ok(msg) => self.pipeline.handle(&msg)?,
-                Err(e) => warn!(error = %e, "consumer error (librdkafka retries by itself)"),
+            let handled = match polled {
+                Ok(msg) => self.pipeline.handle(&msg),
+                Err(e) => {
+                    warn!(error = %e, "consumer error (librdkafka retries by itself)");
+                    Ok(())
+                }
+            };
+            if let Err(e) = handled {
+                self.recover_abortable(|_| Err(e))?;
+                self.pipeline.sink.begin()?;
             }
             self.pipeline.sink.poll();
         }
     }
 
+    /// Runs `step`; if the transaction must be aborted, aborts it and rewinds state and
+    /// offsets to the last committed checkpoint, so the epoch is redone from scratch.
+    fn recover_abortable(&mut self, step: impl FnOnce(&mut Self) -> Result<(), JobError>) -> Result<(), JobError> {
+        match step(self) {
+            Err(JobError::Sink(SinkError::Abortable(e))) => {
+                warn!(error = %e, "aborting the epoch's transaction and rewinding to the last checkpoint");
+                self.pipeline.sink.abort()?;
+                self.pipeline.metrics.transactions.with_label_values(&["aborted"]).inc();
+                self.rewind()
+            }
+            other => other,
+        }
+    }
+
+    fn rewind(&mut self) -> Result<(), JobError> {
+        let p = &mut self.pipeline;
+        p.offsets = match &self.last_committed {
+            Some(c) => {
+                let manifest = self.storage.read_manifest(c)?;
+                restore_into(&p.config, self.storage.as_ref(), &p.state, &manifest)?;
+                with_new_partitions(manifest_offsets(&manifest), &self.start_offsets)
+            }
+            None => {
+                p.state.reset(None)?;
+                self.start_offsets.clone()
+            }
+        };
+        self.source.assign(&p.offsets)?;
+        info!(checkpoint = ?self.last_committed.as_ref().map(ToString::to_string), "rewound to the last committed checkpoint");
+        Ok(())
+    }
+
     /// Steps 2–4 of the protocol: durable snapshot, offsets into the transaction, commit,
     /// then mark complete and prune.
     fn checkpoint(&mut self) -> Result<(), JobError> {
+        crash_point!("before-snapshot");
         let started = Instant::now();
         let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
         let p = &mut self.pipeline;
@@ -190,13 +261,18 @@ impl Job {
         };
         let written = self.storage.write(&manifest, &staging)?;
         remove_dir(&staging)?;
+        crash_point!("after-snapshot");
         let group = self.source.group_metadata().ok_or(JobError::NoGroupMetadata)?;
-        let tpl = offsets_for_commit(&p.offsets, &checkpoint).map_err(SinkError::from)?;
-        if let Err(e) = p.sink.commit(&tpl, &group) {
+        let tpl = offsets_for_commit(&p.offsets, &checkpoint).map_err(SinkError::Kafka)?;
+        p.sink.send_offsets(&tpl, &group)?;
+        crash_point!("before-commit");
+        if let Err(e) = p.sink.commit() {
             p.metrics.transactions.with_label_values(&["failed"]).inc();
             return Err(e.into());
         }
         p.metrics.transactions.with_label_values(&["committed"]).inc();
+        self.last_committed = Some(checkpoint.clone());
+        crash_point!("after-commit");
         self.storage.mark_complete(&checkpoint)?;
         self.storage.prune(p.config.checkpoint.retained, &checkpoint)?;
         self.next_checkpoint_id = checkpoint.id + 1;
@@ -204,19 +280,26 @@ impl Job {
         p.metrics.checkpoints_completed.inc();
         p.metrics.checkpoint_duration.observe(secs);
         p.metrics.last_checkpoint_bytes.set(written.bytes_written as i64);
+        p.metrics.last_checkpoint_full_bytes.set(written.bytes_total as i64);
         p.metrics
             .last_checkpoint_completed_timestamp
             .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
         for ((t, part), o) in &p.offsets {
             p.metrics.partition_offset.with_label_values(&[t, &part.to_string()]).set(*o);
         }
-        tracing::debug!(checkpoint = %checkpoint, bytes_written = written.bytes_written, bytes_total = written.bytes_total, seconds = secs, "checkpoint completed");
+        tracing::debug!(
+            checkpoint = %checkpoint,
+            bytes_written = written.bytes_written,
+            bytes_total = written.bytes_total,
+            seconds = secs,
+            "checkpoint completed"
+        );
         Ok(())
     }
 }
 
 impl Pipeline {
-    fn handle(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Result<(), JobError> {
+    fn handle(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
         let partition_label = partition.to_string();
         self.metrics.records_consumed.with_label_values(&[topic, &partition_label]).inc();
@@ -233,12 +316,13 @@ impl Pipeline {
             Err(err) => self.dead_letter(msg, &err)?,
         }
         self.offsets.insert((topic.to_string(), partition), offset + 1);
+        crash_point!("mid-batch");
         Ok(())
     }
 
     /// The original bytes go to the dead-letter topic unchanged, with why and where from
     /// in headers, inside the current transaction: exactly once, like any output.
-    fn dead_letter(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>, err: &DecodeError) -> Result<(), JobError> {
+    fn dead_letter(&mut self, msg: &BorrowedMessage<'_>, err: &DecodeError) -> Result<(), JobError> {
         let (partition, offset) = (msg.partition().to_string(), msg.offset().to_string());
         let detail = err.to_string();
         let headers = OwnedHeaders::new()
@@ -255,6 +339,79 @@ impl Pipeline {
         self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
         Ok(())
     }
+}
+
+/// Reads `checkpoint`'s manifest and restores it into a new store sized by it.
+fn read_and_restore(
+    config: &Config,
+    storage: &dyn CheckpointStorage,
+    checkpoint: &CheckpointRef,
+) -> Result<(CountJob, Manifest), JobError> {
+    let manifest = storage.read_manifest(checkpoint)?;
+    let state = CountJob::fresh(config, manifest.state.max_parallelism)?;
+    restore_into(config, storage, &state, &manifest)?;
+    Ok((state, manifest))
+}
+
+/// Fetches the files and loads them; the state layer checks every checksum before it
+/// replaces live state, so a broken checkpoint is named and never half-restored.
+fn restore_into(config: &Config, storage: &dyn CheckpointStorage, state: &CountJob, manifest: &Manifest) -> Result<(), JobError> {
+    let started = Instant::now();
+    let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
+    storage.fetch(manifest, &fetched)?;
+    crash_point!("during-restore");
+    state.reset(Some((fetched.clone(), manifest.state.clone())))?;
+    remove_dir(&fetched)?;
+    info!(
+        checkpoint = %manifest.checkpoint,
+        storage = %storage.describe(),
+        files = manifest.state.files.len(),
+        bytes = manifest.state.total_size(),
+        seconds = started.elapsed().as_secs_f64(),
+        "restore loaded checkpoint files"
+    );
+    Ok(())
+}
+
+/// The operator's explicit fallback: the newest intact completed checkpoint older than
+/// `broken`. Logged loudly, because this run reprocesses records: at-least-once.
+fn restore_older(
+    config: &Config,
+    storage: &dyn CheckpointStorage,
+    broken: &CheckpointRef,
+) -> Result<(CountJob, Offsets, CheckpointRef), JobError> {
+    let mut older: Vec<CheckpointRef> =
+        storage.list()?.into_iter().filter(|i| i.completed && i.checkpoint.id < broken.id).map(|i| i.checkpoint).collect();
+    older.sort();
+    while let Some(candidate) = older.pop() {
+        match read_and_restore(config, storage, &candidate) {
+            Ok((state, manifest)) => {
+                error!(
+                    restored = %candidate,
+                    instead_of = %broken,
+                    "--allow-older-checkpoint: restored an OLDER checkpoint; records after its offsets are \
+                     processed again, so this run is AT-LEAST-ONCE"
+                );
+                return Ok((state, manifest_offsets(&manifest), candidate));
+            }
+            Err(e) => warn!(checkpoint = %candidate, error = %e, "older checkpoint cannot be restored either"),
+        }
+    }
+    Err(JobError::Restore {
+        name: broken.to_string(),
+        source: Box::new(JobError::Checkpoint(CheckpointError::Missing {
+            name: "any older intact checkpoint".into(),
+            path: PathBuf::from(storage.describe()),
+        })),
+    })
+}
+
+/// Partitions added to the input since the checkpoint start at the configured position.
+fn with_new_partitions(mut offsets: Offsets, start: &Offsets) -> Offsets {
+    for (p, o) in start {
+        offsets.entry(p.clone() as Partition).or_insert(*o);
+    }
+    offsets
 }
 
 fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {

@@ -32,3 +32,11 @@ pub mod metrics;
 pub mod process;
 pub mod sink;
 pub mod source;
+
+/// What a configured failpoint does: die on the spot, like `kill -9`, leaving files and
+/// the open transaction exactly as they are.
+#[cfg(feature = "failpoints")]
+fn failpoint_crash<T>(name: &str) -> T {
+    eprintln!("failpoint {name}: crashing");
+    std::process::abort()
+}

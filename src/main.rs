@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use streamstate::admin;
 use streamstate::config::Config;
-use streamstate::job::{Control, Job};
+use streamstate::job::{Control, Job, StartOptions};
 use streamstate::metrics::Metrics;
 use tracing::{error, info};
 
@@ -38,6 +38,11 @@ enum Command {
     Run {
         #[arg(long, short)]
         config: PathBuf,
+        /// If the checkpoint the committed offsets name is missing or broken, restore the
+        /// newest intact older one instead. Records after its offsets are processed again:
+        /// this run is at-least-once.
+        #[arg(long)]
+        allow_older_checkpoint: bool,
     },
     /// Load and validate a config file (and environment overrides) without connecting.
     CheckConfig {
@@ -56,12 +61,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     let json_logs = matches!(cli.log_format, LogFormat::Json);
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
-        Command::Run { config } => Config::load(&config).map_err(Into::into).and_then(run_service),
+        Command::Run { config, allow_older_checkpoint } => {
+            let options = StartOptions { allow_older_checkpoint };
+            Config::load(&config).map_err(Into::into).and_then(|c| run_service(c, options))
+        }
         Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),
     };
     match result {
@@ -107,13 +117,13 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Admin server on the async runtime, the job loop on its own thread, signals into flags.
-fn run_service(config: Config) -> anyhow::Result<()> {
+fn run_service(config: Config, options: StartOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new().context("registering metrics")?;
     let control = Arc::new(Control::default());
-    serve(config, metrics, control)
+    serve(config, metrics, control, options)
 }
 
-fn serve(config: Config, metrics: Metrics, control: Arc<Control>) -> anyhow::Result<()> {
+fn serve(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -131,7 +141,7 @@ fn serve(config: Config, metrics: Metrics, control: Arc<Control>) -> anyhow::Res
         let signals = tokio::spawn(shutdown_on_signal(control.clone()));
         info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");
         let job_control = control.clone();
-        let job = tokio::task::spawn_blocking(move || Job::start(config, metrics, job_control)?.run()).await;
+        let job = tokio::task::spawn_blocking(move || Job::start(config, metrics, job_control, options)?.run()).await;
         control.shutdown.store(true, Ordering::SeqCst);
         signals.abort();
         let _ = stop_admin.send(());
@@ -175,7 +185,7 @@ fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) 
             control.shutdown.store(true, Ordering::SeqCst);
         });
     }
-    let result = serve(config, metrics, control.clone());
+    let result = serve(config, metrics, control.clone(), StartOptions::default());
     control.shutdown.store(true, Ordering::SeqCst);
     let _ = reporter.join();
     match generator.join() {

@@ -17,6 +17,7 @@ pub struct Metrics {
     pub checkpoints_completed: IntCounter,
     pub checkpoint_duration: Histogram,
     pub last_checkpoint_bytes: IntGauge,
+    pub last_checkpoint_full_bytes: IntGauge,
     pub last_checkpoint_completed_timestamp: IntGauge,
     pub transactions: IntCounterVec,
     pub restore_duration: Histogram,
@@ -52,6 +53,10 @@ impl Metrics {
                 "streamstate_last_checkpoint_size_bytes",
                 "Bytes written to checkpoint storage by the last checkpoint.",
             )?,
+            last_checkpoint_full_bytes: IntGauge::new(
+                "streamstate_last_checkpoint_full_size_bytes",
+                "Bytes the last checkpoint references in storage (written now or shared with earlier ones).",
+            )?,
             last_checkpoint_completed_timestamp: IntGauge::new(
                 "streamstate_last_checkpoint_completed_timestamp_seconds",
                 "Unix time of the last completed checkpoint.",
@@ -76,6 +81,7 @@ impl Metrics {
         m.registry.register(Box::new(m.checkpoints_completed.clone()))?;
         m.registry.register(Box::new(m.checkpoint_duration.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint_bytes.clone()))?;
+        m.registry.register(Box::new(m.last_checkpoint_full_bytes.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint_completed_timestamp.clone()))?;
         m.registry.register(Box::new(m.transactions.clone()))?;
         m.registry.register(Box::new(m.restore_duration.clone()))?;

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+
 use streamstate_state::{SnapshotResult, StateError, StateStore, StoreConfig, ValueState, ValueStateDescriptor};
 
 use crate::config::Config;
@@ -19,22 +20,18 @@ pub struct CountJob {
 }
 
 impl CountJob {
-    /// Empty state with `max_parallelism` key groups (first start).
-    pub fn fresh(config: &Config, work_dir: &Path, max_parallelism: u32) -> Result<Self, ProcessError> {
+    /// Empty state with `max_parallelism` key groups, in this instance's state directory.
+    pub fn fresh(config: &Config, max_parallelism: u32) -> Result<Self, ProcessError> {
+        let work_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
         let store = StateStore::open(StoreConfig::new(config.state.backend, work_dir, max_parallelism))?;
-        Self::with_store(store)
-    }
-
-    /// State rebuilt from a checkpoint's files under `from`, verified before use.
-    pub fn restore(config: &Config, work_dir: &Path, from: PathBuf, snapshot: &SnapshotResult) -> Result<Self, ProcessError> {
-        let job = Self::fresh(config, work_dir, snapshot.max_parallelism)?;
-        job.store.restore(&[(from, snapshot.clone())])?;
-        Ok(job)
-    }
-
-    fn with_store(store: StateStore) -> Result<Self, ProcessError> {
         let count = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
         Ok(Self { store, count })
+    }
+
+    /// Replaces all state with a checkpoint's files (`None`: empty state). The state layer
+    /// verifies every file before it swaps anything in.
+    pub fn reset(&self, from: Option<(PathBuf, SnapshotResult)>) -> Result<(), ProcessError> {
+        Ok(self.store.restore(from.as_slice())?)
     }
 
     pub fn process(&mut self, event: &Event) -> Result<u64, ProcessError> {

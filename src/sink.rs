@@ -1,16 +1,19 @@
 //! The transactional Kafka producer: one transaction per checkpoint epoch.
 //!
-//! Every error here that is not a full local queue ends the epoch: the caller exits and
-//! the restart restores the last committed checkpoint. Retrying a failed transaction
-//! in place is how duplicates are born, so this module never does.
+//! Errors are sorted the way librdkafka's transactional API asks: retriable ones (a
+//! broker briefly away) are retried until the checkpoint timeout; abortable ones abort
+//! the transaction and the job rewinds to its last checkpoint; fencing and fatal ones
+//! end the process. Retrying a failed *transaction* in place is how duplicates are
+//! born, so nothing here does that.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tracing::warn;
 
 use crate::config::Config;
 use crate::kafka_log::LogContext;
@@ -18,14 +21,19 @@ use crate::kafka_log::LogContext;
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     #[error("kafka producer: {0}")]
-    Kafka(#[from] KafkaError),
+    Kafka(KafkaError),
+    #[error("transaction must be aborted: {0}")]
+    Abortable(KafkaError),
     #[error("this instance was fenced by a newer one with transactional.id `{0}`: exiting")]
     Fenced(String),
+    #[error("kafka producer: {what} did not succeed within {timeout:?}: {last}")]
+    TimedOut { what: &'static str, timeout: Duration, last: KafkaError },
 }
 
 pub struct Sink {
     producer: BaseProducer<LogContext>,
     transactional_id: String,
+    /// Upper bound for one transactional call, retries included (`checkpoint.timeout`).
     timeout: Duration,
 }
 
@@ -42,9 +50,10 @@ impl Sink {
             .set("enable.idempotence", "true")
             .set("transaction.timeout.ms", config.kafka.transaction_timeout.as_millis().to_string())
             .set("linger.ms", "5");
-        let producer: BaseProducer<LogContext> = cc.create_with_context(LogContext::default())?;
-        let sink = Self { producer, transactional_id, timeout: config.kafka.transaction_timeout };
-        sink.producer.init_transactions(sink.timeout).map_err(|e| sink.classify(e))?;
+        let producer: BaseProducer<LogContext> =
+            cc.create_with_context(LogContext::default()).map_err(SinkError::Kafka)?;
+        let sink = Self { producer, transactional_id, timeout: config.checkpoint.timeout };
+        sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
         Ok(sink)
     }
 
@@ -84,15 +93,47 @@ impl Sink {
         self.producer.poll(Duration::ZERO);
     }
 
-    /// Makes offsets part of the open transaction, then commits. This is the one atomic
-    /// decision point: outputs, offsets and the named checkpoint become true together.
-    pub fn commit(
+    /// Makes the source offsets (naming the checkpoint) part of the open transaction.
+    pub fn send_offsets(
         &self,
         offsets: &rdkafka::TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<(), SinkError> {
-        self.producer.send_offsets_to_transaction(offsets, group, self.timeout).map_err(|e| self.classify(e))?;
-        self.producer.commit_transaction(self.timeout).map_err(|e| self.classify(e))
+        self.retrying("send_offsets_to_transaction", |p, t| p.send_offsets_to_transaction(offsets, group, t))
+    }
+
+    /// The one atomic decision point: outputs, offsets and the named checkpoint become
+    /// true together.
+    pub fn commit(&self) -> Result<(), SinkError> {
+        self.retrying("commit_transaction", |p, t| p.commit_transaction(t))
+    }
+
+    pub fn abort(&self) -> Result<(), SinkError> {
+        self.retrying("abort_transaction", |p, t| p.abort_transaction(t))
+    }
+
+    /// Calls `op` again while librdkafka says the error is retriable (e.g. the broker is
+    /// restarting), within `timeout` overall.
+    fn retrying(
+        &self,
+        what: &'static str,
+        op: impl Fn(&BaseProducer<LogContext>, Duration) -> Result<(), KafkaError>,
+    ) -> Result<(), SinkError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match op(&self.producer, left.max(Duration::from_millis(100))) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(e)) if e.is_retriable() && !e.is_fatal() => {
+                    if Instant::now() >= deadline {
+                        let last = KafkaError::Transaction(e);
+                        return Err(SinkError::TimedOut { what, timeout: self.timeout, last });
+                    }
+                    warn!(operation = what, error = %e, "retriable transaction error; retrying");
+                }
+                Err(e) => return Err(self.classify(e)),
+            }
+        }
     }
 
     fn classify(&self, e: KafkaError) -> SinkError {
@@ -100,6 +141,10 @@ impl Sink {
             e.rdkafka_error_code(),
             Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
         );
-        if fenced { SinkError::Fenced(self.transactional_id.clone()) } else { SinkError::Kafka(e) }
+        match &e {
+            _ if fenced => SinkError::Fenced(self.transactional_id.clone()),
+            KafkaError::Transaction(t) if t.txn_requires_abort() && !t.is_fatal() => SinkError::Abortable(e),
+            _ => SinkError::Kafka(e),
+        }
     }
 }

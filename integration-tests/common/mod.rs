@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -18,12 +18,45 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rand::{Rng, SeedableRng};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_streamstate");
 
 pub fn bootstrap() -> String {
     std::env::var("STREAMSTATE_TEST_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".to_string())
+}
+
+/// The S3-compatible test server started by `integration-tests/s3/moto.sh start`.
+pub fn s3_endpoint() -> String {
+    std::env::var("STREAMSTATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:19000".to_string())
+}
+
+/// Creates `bucket` on the test S3 server with an unsigned `PUT /<bucket>`, which moto
+/// accepts (the service's client has no bucket API).
+pub fn create_s3_bucket(bucket: &str) {
+    let endpoint = s3_endpoint();
+    let hint = "is the test S3 server up? run `integration-tests/s3/moto.sh start`";
+    let addr = url::Url::parse(&endpoint)
+        .ok()
+        .and_then(|u| u.socket_addrs(|| None).ok())
+        .and_then(|a| a.into_iter().next())
+        .unwrap_or_else(|| panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint} is not an http://host:port URL"));
+    let (status, body) = http("PUT", addr, &format!("/{bucket}"))
+        .unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
+    assert_eq!(status, 200, "create bucket {bucket} at {endpoint}: {body}");
+}
+
+/// Environment for a service that keeps checkpoints on the test S3 server: its endpoint,
+/// plus test credentials and region unless this process's environment sets them.
+pub fn s3_env() -> Vec<(String, String)> {
+    let or = |k: &str, default: &str| (k.to_string(), std::env::var(k).unwrap_or_else(|_| default.to_string()));
+    vec![
+        ("AWS_ENDPOINT_URL".to_string(), s3_endpoint()),
+        or("AWS_ACCESS_KEY_ID", "test"),
+        or("AWS_SECRET_ACCESS_KEY", "test"),
+        or("AWS_REGION", "us-east-1"),
+    ]
 }
 
 /// Polls `cond` until it holds or the deadline passes; panics with `what` on timeout.
@@ -242,6 +275,12 @@ impl Job {
 
     /// Writes the config; `extra` is appended verbatim (more TOML sections).
     pub fn write_config(&self, checkpoint_interval: &str, extra: &str) -> PathBuf {
+        let chk = format!("file://{}", self.checkpoint_dir().display());
+        self.write_config_with_storage(checkpoint_interval, &chk, extra)
+    }
+
+    /// Like [`Job::write_config`] with `checkpoint.storage` set to `storage` (a URL).
+    pub fn write_config_with_storage(&self, checkpoint_interval: &str, storage: &str, extra: &str) -> PathBuf {
         let d = self.dir.path();
         let body = format!(
             r#"[kafka]
@@ -260,7 +299,8 @@ dir = "{state}"
 
 [checkpoint]
 interval = "{checkpoint_interval}"
-storage = "file://{chk}"
+timeout = "15s"
+storage = "{storage}"
 
 [admin]
 listen = "{admin}"
@@ -271,7 +311,6 @@ listen = "{admin}"
             output = self.output,
             dlq = self.dlq,
             state = d.join("state").display(),
-            chk = d.join("checkpoints").display(),
             admin = self.admin,
         );
         let path = self.config_path();
@@ -280,7 +319,26 @@ listen = "{admin}"
     }
 
     pub fn spawn(&self) -> Service {
-        Service::spawn(&self.config_path(), &self.dir.path().join("service.log"))
+        self.spawn_with(&[], &[])
+    }
+
+    /// Spawns with extra `run` arguments and environment (e.g. `FAILPOINTS`).
+    pub fn spawn_with(&self, args: &[&str], env: &[(&str, &str)]) -> Service {
+        Service::spawn(&self.config_path(), &self.dir.path().join("service.log"), args, env)
+    }
+
+    /// A second config for the same instance id with its own local state directory and
+    /// admin port: a replacement instance on another machine.
+    pub fn write_replacement_config(&self) -> PathBuf {
+        let text = std::fs::read_to_string(self.config_path()).expect("config");
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let state = self.dir.path().join("state");
+        let text = text
+            .replace(&state.display().to_string(), &self.dir.path().join("state-replacement").display().to_string())
+            .replace(&self.admin.to_string(), &admin.to_string());
+        let path = self.dir.path().join("replacement.toml");
+        std::fs::write(&path, text).expect("write");
+        path
     }
 
     pub fn committed(&self) -> i64 {
@@ -303,17 +361,33 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn spawn(config: &Path, log: &Path) -> Self {
+    pub fn spawn(config: &Path, log: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info,librdkafka=warn")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn streamstate");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"]).arg(config).args(args).env("RUST_LOG", "info,librdkafka=warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(file).spawn().expect("spawn streamstate");
         Self { child, log: log.to_path_buf() }
+    }
+
+    /// Waits for the process to end by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "service did not exit within {timeout:?}; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().expect("kill");
+        assert!(ok.success(), "kill -{name} failed");
     }
 
     pub fn log(&self) -> String {
@@ -334,23 +408,138 @@ impl Service {
 
     /// SIGTERM and wait for the exit status (the service drains and checkpoints first).
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
-        assert!(ok.success(), "kill -TERM {pid} failed");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "service did not exit within {timeout:?} of SIGTERM; log:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.signal("TERM");
+        self.wait_exit(timeout)
     }
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
+        // A stopped process ignores SIGKILL until continued on some kernels' accounting of
+        // waits; continue it first so the reap below cannot hang.
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+// ---------------------------------------------------------------- input and checker
+
+pub const KEYS: usize = 1_000;
+
+/// What the test puts in: roughly `garbage_per_mille`/1000 of records are unusable.
+pub fn events(n: usize, garbage_per_mille: u32, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let user = format!("user-{}", rng.random_range(0..KEYS));
+            if rng.random_ratio(garbage_per_mille, 1000) {
+                let bad: Vec<u8> = match i % 3 {
+                    0 => b"{\"user_id\": \"oops".to_vec(),
+                    1 => vec![0xff, 0xfe, b'{', b'}'],
+                    _ => format!(r#"{{"no_user":"{user}","seq":{i}}}"#).into_bytes(),
+                };
+                (Some(user), bad)
+            } else {
+                (Some(user.clone()), format!(r#"{{"user_id":"{user}","seq":{i},"amount":{}}}"#, i % 97).into_bytes())
+            }
+        })
+        .collect()
+}
+
+pub fn produce_all(topic: &str, evs: &[(Option<String>, Vec<u8>)], per_second: Option<u64>) {
+    let p = producer();
+    let started = std::time::Instant::now();
+    for (i, (k, v)) in evs.iter().enumerate() {
+        if let Some(rate) = per_second {
+            // Spread input over time so kills land while records are flowing.
+            while (started.elapsed().as_millis() as u64) * rate / 1000 < i as u64 {
+                p.poll(Duration::from_millis(1));
+            }
+        }
+        produce(&p, topic, k.as_deref(), v);
+    }
+    flush(&p);
+}
+
+/// The checker's own notion of a good record, independent of the service's decoder.
+pub fn user_of(payload: Option<&[u8]>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(payload?).ok()?;
+    v.get("user_id")?.as_str().map(str::to_string)
+}
+
+/// Compares output and dead-letter topics against a model computed from the input topic.
+pub fn check_exactly_once(job: &Job) -> (usize, usize) {
+    let input = read_all(&job.input, true);
+    let output = read_all(&job.output, true);
+    let dlq = read_all(&job.dlq, true);
+
+    // Reference model: per key, its events in (partition, offset) order get counts 1..n.
+    let mut expected: BTreeMap<(i32, i64), (String, u64)> = BTreeMap::new();
+    let mut bad: BTreeMap<(i32, i64), ()> = BTreeMap::new();
+    let mut running: HashMap<String, u64> = HashMap::new();
+    let mut sorted = input.clone();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    for r in &sorted {
+        match user_of(r.value.as_deref()) {
+            Some(user) => {
+                let n = running.entry(user.clone()).or_default();
+                *n += 1;
+                expected.insert((r.partition, r.offset), (user, *n));
+            }
+            None => {
+                bad.insert((r.partition, r.offset), ());
+            }
+        }
+    }
+
+    let mut seen: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for r in &output {
+        let v = r.json();
+        let src = &v["source"];
+        assert_eq!(src["topic"], job.input.as_str(), "output names the wrong source topic: {v}");
+        let at = (
+            src["partition"].as_i64().expect("source.partition") as i32,
+            src["offset"].as_i64().expect("source.offset"),
+        );
+        *seen.entry(at).or_default() += 1;
+        let (user, count) = expected.get(&at).unwrap_or_else(|| panic!("output for a non-event input {at:?}: {v}"));
+        assert_eq!(v["key"], user.as_str(), "wrong key at {at:?}");
+        assert_eq!(v["count"].as_u64(), Some(*count), "wrong running count at {at:?}: {v}");
+        assert_eq!(r.key.as_deref(), Some(user.as_bytes()), "output record key must be the state key");
+    }
+    let dups: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(dups.is_empty(), "duplicated outputs for inputs {:?}", &dups[..dups.len().min(10)]);
+    let missing: Vec<_> = expected.keys().filter(|k| !seen.contains_key(*k)).collect();
+    assert!(missing.is_empty(), "{} inputs have no output, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
+
+    let mut dead: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for r in &dlq {
+        let p: i32 = r.headers["streamstate.source.partition"].parse().expect("partition header");
+        let o: i64 = r.headers["streamstate.source.offset"].parse().expect("offset header");
+        assert!(!r.headers["streamstate.error.reason"].is_empty(), "dead letter without a reason");
+        assert!(bad.contains_key(&(p, o)), "a good record went to the dead-letter topic: {p}:{o}");
+        let original = sorted.iter().find(|i| (i.partition, i.offset) == (p, o)).expect("source record");
+        assert_eq!(r.value, original.value, "dead letter must carry the original bytes");
+        *dead.entry((p, o)).or_default() += 1;
+    }
+    assert_eq!(dead.len(), bad.len(), "every bad record must reach the dead-letter topic");
+    assert!(dead.values().all(|n| *n == 1), "a bad record was dead-lettered twice");
+    (output.len(), dlq.len())
+}
+
+pub fn wait_all_committed(job: &Job, service: &mut Service) {
+    let end = job.input_end();
+    wait_until("all input offsets committed", Duration::from_secs(180), || {
+        service.assert_running();
+        job.committed() >= end
+    });
+}
+
+
+/// The broker rig's script, for tests that bounce the broker.
+pub fn kafka_rig(command: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh");
+    let status = Command::new(&script).arg(command).status().expect("run kafka.sh");
+    assert!(status.success(), "kafka.sh {command} failed");
 }

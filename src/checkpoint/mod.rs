@@ -8,8 +8,10 @@
 
 mod fs;
 mod manifest;
+mod s3;
 
 pub use fs::FsStorage;
+pub use s3::S3Storage;
 pub use manifest::{CheckpointRef, FORMAT_VERSION, Manifest, PartitionOffset, is_safe_path, is_shared};
 
 use std::path::{Path, PathBuf};
@@ -28,6 +30,13 @@ pub enum CheckpointError {
     Corrupt { name: String, path: PathBuf, reason: String },
     #[error("checkpoint.storage: {0}")]
     Unsupported(String),
+    /// A request to an object store failed (after the client's retries), or the client
+    /// could not be set up; `key` is the full `s3://bucket/key` address.
+    #[error("checkpoint storage {key}: {reason}")]
+    ObjectStore { key: String, reason: String },
+    /// A second write of a checkpoint name that already has a manifest.
+    #[error("checkpoint {name} already exists at {key}: a checkpoint name is published once")]
+    AlreadyPublished { name: String, key: String },
 }
 
 impl CheckpointError {
@@ -77,7 +86,7 @@ pub fn open_storage(config: &Config) -> Result<Box<dyn CheckpointStorage>, Check
     let (app, instance) = (&config.kafka.app_id, config.job.instance);
     match config.checkpoint_location().map_err(|e| CheckpointError::Unsupported(e.to_string()))? {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(&dir, app, instance)?)),
-        StorageLocation::S3 { .. } => Err(CheckpointError::Unsupported("s3:// storage is not available in this build".into())),
+        StorageLocation::S3 { bucket, prefix } => Ok(Box::new(S3Storage::open(&bucket, &prefix, app, instance)?)),
     }
 }
 

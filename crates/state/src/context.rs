@@ -8,8 +8,8 @@ use crate::keyed::StateValue;
 use crate::operator::{BroadcastState, ReadOnlyBroadcastState};
 use crate::store::StateStore;
 
-/// Given to `process_element` and `on_timer`: keyed state (through
-/// [`KeyedContext::store`] handles), timers, and read-only broadcast state.
+/// Given to `process_element` and `on_timer`: timers and read-only
+/// broadcast state (keyed state goes through the function's cached handles).
 pub struct KeyedContext<'a> {
     store: &'a StateStore,
 }

@@ -191,6 +191,12 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
             })?;
         }
         let mut out = Vec::with_capacity(raw.len());
+        if self.meta.ttl.is_none() {
+            for (k, v) in raw {
+                out.push((de(&k[prefix_len..], &self.meta.name)?, de(&v, &self.meta.name)?));
+            }
+            return Ok(out);
+        }
         for (k, _) in raw {
             // Re-read through get_entry so TTL rules and cleanup apply per entry.
             g.kbuf.clear();

@@ -16,7 +16,7 @@
 //! | [`checkpointed`] | `CheckpointedFunction` hooks |
 //! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
-//! | `layout` | the byte layout every backend and the savepoint format share |
+//! | [`layout`] | the byte layout every backend and the savepoint format share |
 //! | [`clock`] | injectable processing time |
 //! | [`error`] | [`StateError`] |
 //!
@@ -72,7 +72,7 @@
 //!
 //! Values are encoded with postcard 1.x (stable, documented wire format);
 //! storage keys put the key group first so a key-group range is one
-//! contiguous scan; see `layout` and [`snapshot`] for the on-disk formats.
+//! contiguous scan; see [`layout`] and [`snapshot`] for the on-disk formats.
 
 pub mod backend;
 pub mod checkpointed;
@@ -82,7 +82,7 @@ pub mod descriptor;
 pub mod error;
 pub mod keyed;
 pub mod keygroup;
-mod layout;
+pub mod layout;
 pub mod operator;
 pub mod snapshot;
 pub mod store;

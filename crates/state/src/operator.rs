@@ -113,7 +113,15 @@ impl<T: StateValue> OperatorListState<T> {
     }
 }
 
-/// Read-only access to a broadcast map: all the keyed side may do.
+/// Read-only access to a broadcast map: all the keyed side may do. It has no
+/// mutating methods, so this does not compile:
+///
+/// ```compile_fail
+/// # use streamstate_state::*;
+/// # let store: StateStore = todo!();
+/// let ctx = KeyedContext::new(&store);
+/// ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"k".into(), &"v".into());
+/// ```
 #[derive(Clone)]
 pub struct ReadOnlyBroadcastState<K, V> {
     store: StateStore,

@@ -417,6 +417,8 @@ impl StateStore {
         self.restore(&parts)
     }
 
+    /// `restore(&[])` resets the store to empty state (a first start).
+    ///
     /// Replaces all state with the snapshot `parts` (one per old instance:
     /// pass every part of the checkpoint, since operator state is spread
     /// over all of them). Keyed state is kept only for this store's
@@ -465,6 +467,9 @@ impl StateStore {
                 let id = match states.get(&s.name) {
                     Some(live) if live.kind != s.kind => {
                         return Err(StateError::KindMismatch { name: s.name.clone(), existing: live.kind.to_string(), requested: format!("{} (in {})", s.kind, dir.display()) });
+                    }
+                    Some(live) if live.ttl.is_some() != s.ttl.is_some() => {
+                        return Err(StateError::Incompatible(format!("state '{}': TTL on/off differs from {}", s.name, dir.display())));
                     }
                     Some(live) => live.id,
                     None => {

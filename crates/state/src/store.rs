@@ -150,7 +150,8 @@ impl StateStore {
         // Live state never survives a restart on its own: clear old backends.
         for entry in std::fs::read_dir(&config.work_dir).at(&config.work_dir)? {
             let entry = entry.at(&config.work_dir)?;
-            if entry.file_name().to_string_lossy().starts_with("rocksdb-") {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("rocksdb-") || name == "restore-logs" {
                 std::fs::remove_dir_all(entry.path()).at(entry.path())?;
             }
         }
@@ -273,6 +274,11 @@ impl Inner {
             }
             if existing.ttl == ttl {
                 return Ok(existing.clone());
+            }
+            // Stored values carry a timestamp prefix only when TTL is on, so
+            // switching TTL on or off would misread every stored value.
+            if existing.ttl.is_some() != ttl.is_some() {
+                return Err(StateError::Incompatible(format!("state '{name}': TTL cannot be turned on or off for existing state")));
             }
             let meta = Arc::new(StateMeta { id: existing.id, name: name.into(), kind, ttl });
             self.install(meta.clone());

@@ -21,7 +21,21 @@ on_every_backend!(
     operator_list_state_splits_evenly_and_union_state_goes_to_everyone,
     broadcast_state_is_identical_on_every_instance_after_restore,
     keys_outside_the_instance_range_are_refused,
+    turning_ttl_on_for_existing_state_is_refused,
 );
+
+fn turning_ttl_on_for_existing_state_is_refused(kind: BackendKind) {
+    let env = Env::new();
+    let s = env.single(kind, "s");
+    s.value_state(&ValueStateDescriptor::<u8>::new("v")).unwrap();
+    let with_ttl = ValueStateDescriptor::<u8>::new("v").with_ttl(TtlConfig::new(std::time::Duration::from_secs(1)));
+    assert!(matches!(s.value_state(&with_ttl), Err(StateError::Incompatible(_))));
+    // Same refusal when the state comes from a snapshot.
+    let part = snapshot_to(&s, 1, &env.path("chk"));
+    let r = env.single(kind, "r");
+    r.value_state(&with_ttl).unwrap();
+    assert!(matches!(r.restore(&[part]), Err(StateError::Incompatible(_))));
+}
 
 fn value_state_is_scoped_to_the_current_key(kind: BackendKind) {
     let env = Env::new();

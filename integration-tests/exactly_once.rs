@@ -1,0 +1,186 @@
+//! Exactly-once under crashes, on the real broker: the process dies at each step of the
+//! commit protocol (failpoints, built with `--features failpoints`), at random moments
+//! (SIGKILL), or is paused into a zombie; after recovery a read_committed checker finds
+//! every input's effect exactly once and the running counts equal the model's.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::Rng;
+
+const SIGABRT: i32 = 6;
+
+/// Five crash/restart cycles at `failpoint`, each after `skip` harmless hits, with new
+/// input before each; then a clean run finishes the input and the checker runs.
+fn crash_five_times_at(failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32) {
+    let job = Job::new(&format!("fp-{failpoint}"), 4);
+    job.write_config("300ms", "");
+    let mut rng = rand::rng();
+    let mut seed = 100;
+    let mut produced = 0;
+    if failpoint == "during-restore" {
+        // Restore only happens when something was committed: commit a first epoch.
+        produce_all(&job.input, &events(1_000, 5, seed), None);
+        produced += 1_000;
+        let mut service = job.spawn();
+        wait_until("a first commit", Duration::from_secs(60), || {
+            service.assert_running();
+            job.committed() > 0
+        });
+        service.sigkill();
+    }
+    for run in 0..5 {
+        seed += 1;
+        produce_all(&job.input, &events(1_000, 5, seed), None);
+        produced += 1_000;
+        let spec = format!("{failpoint}={}*off->return", skip(&mut rng));
+        let mut service = job.spawn_with(&[], &[("FAILPOINTS", spec.as_str())]);
+        let status = service.wait_exit(Duration::from_secs(90));
+        assert_eq!(status.signal(), Some(SIGABRT), "run {run}: expected a crash at {spec}, got {status}; log:\n{}", service.log());
+        assert!(service.log().contains(&format!("failpoint {failpoint}: crashing")), "run {run}: {}", service.log());
+    }
+    let mut service = job.spawn();
+    wait_all_committed(&job, &mut service);
+    service.sigkill();
+    let (outputs, dead) = check_exactly_once(&job);
+    assert_eq!(outputs + dead, produced, "every input is an output or a dead letter");
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_mid_batch() {
+    crash_five_times_at("mid-batch", |r| r.random_range(10..900));
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_after_producing_before_snapshot() {
+    crash_five_times_at("before-snapshot", |r| r.random_range(0..3));
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_after_snapshot_before_sending_offsets() {
+    crash_five_times_at("after-snapshot", |r| r.random_range(0..3));
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_after_sending_offsets_before_commit() {
+    crash_five_times_at("before-commit", |r| r.random_range(0..3));
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_after_commit_before_marking_complete() {
+    crash_five_times_at("after-commit", |r| r.random_range(0..3));
+}
+
+#[test]
+fn recovers_exactly_once_after_crashes_during_restore() {
+    crash_five_times_at("during-restore", |_| 0);
+}
+
+/// `STREAMSTATE_TEST_KILLS` (from `run.sh --kills N`) sets the dose; CI runs 20.
+#[test]
+fn random_sigkills_under_continuous_input_keep_exactly_once() {
+    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let job = Job::new("random-kill", 4);
+    job.write_config("250ms", "");
+    let total = 800 * kills.max(5);
+    let evs = events(total, 5, 7);
+    let input = job.input.clone();
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_500)));
+    let mut rng = rand::rng();
+    let started = Instant::now();
+    for _ in 0..kills {
+        let mut service = job.spawn();
+        let up = Duration::from_millis(rng.random_range(200..2_500));
+        let until = Instant::now() + up;
+        // The kill moment is the schedule of this test, not a wait for a condition.
+        while Instant::now() < until {
+            service.assert_running();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        service.sigkill();
+    }
+    feeder.join().expect("feeder");
+    let mut service = job.spawn();
+    wait_all_committed(&job, &mut service);
+    service.sigkill();
+    let (outputs, _) = check_exactly_once(&job);
+    eprintln!("random kills: {kills} SIGKILLs in {:?}, {outputs} outputs checked", started.elapsed());
+}
+
+#[test]
+fn zombie_is_fenced_writes_nothing_more_and_exits() {
+    let job = Job::new("zombie", 4);
+    // A short transaction timeout so pausing "past" it stays quick.
+    job.write_config("300ms", "");
+    let config = std::fs::read_to_string(job.config_path()).expect("config");
+    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"8s\"").replace("timeout = \"15s\"", "timeout = \"4s\"");
+    std::fs::write(job.config_path(), config).expect("write config");
+    let evs = events(12_000, 0, 11);
+    let input = job.input.clone();
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_000)));
+    let mut zombie = job.spawn();
+    wait_until("the first instance to commit", Duration::from_secs(60), || {
+        zombie.assert_running();
+        job.committed() >= 2_000
+    });
+    zombie.signal("STOP");
+    let paused = Instant::now();
+    let committed_at_pause = job.committed();
+    // The scenario: the instance stays paused past its transaction timeout (8 s).
+    wait_until("the transaction timeout to pass", Duration::from_secs(30), || paused.elapsed() > Duration::from_secs(9));
+    let replacement_config = job.write_replacement_config();
+    let mut replacement = Service::spawn(&replacement_config, &job.dir.path().join("replacement.log"), &[], &[]);
+    wait_until("the replacement to make progress", Duration::from_secs(60), || {
+        replacement.assert_running();
+        job.committed() >= committed_at_pause + 1_000
+    });
+    zombie.signal("CONT");
+    let status = zombie.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "the zombie must end with an error, got {status}");
+    assert!(zombie.log().contains("fenced"), "the zombie must say it was fenced; log:\n{}", zombie.log());
+    feeder.join().expect("feeder");
+    wait_all_committed(&job, &mut replacement);
+    replacement.sigkill();
+    check_exactly_once(&job);
+}
+
+#[test]
+fn broken_committed_checkpoint_is_named_and_older_one_restores_only_when_allowed() {
+    let job = Job::new("broken-chk", 4);
+    job.write_config("200ms", "");
+    produce_all(&job.input, &events(3_000, 0, 21), None);
+    let mut service = job.spawn();
+    wait_all_committed(&job, &mut service);
+    let status = service.terminate(Duration::from_secs(60));
+    assert!(status.success());
+    // The newest checkpoint is the one the committed offsets name: damage one of its files.
+    let root = job.checkpoint_dir().join(&job.app_id).join("instance-0");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .expect("checkpoints")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("chk-"))
+        .collect();
+    names.sort_by_key(|n| n.trim_start_matches("chk-").split('-').next().and_then(|id| id.parse::<u64>().ok()));
+    let newest = names.last().expect("a checkpoint").clone();
+    assert!(names.len() >= 2, "need an older checkpoint too: {names:?}");
+    let victim = root.join(&newest).join("state-meta.json");
+    let mut bytes = std::fs::read(&victim).expect("read state file");
+    bytes[0] ^= 0xff;
+    std::fs::write(&victim, bytes).expect("corrupt");
+
+    let mut refused = job.spawn();
+    let status = refused.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "a broken committed checkpoint must stop the start");
+    let log = refused.log();
+    assert!(log.contains(&newest) && log.contains("state-meta.json"), "the error must name checkpoint and file:\n{log}");
+
+    let mut fallback = job.spawn_with(&["--allow-older-checkpoint"], &[]);
+    wait_until("the fallback to restore and run", Duration::from_secs(60), || {
+        fallback.assert_running();
+        fallback.log().contains("AT-LEAST-ONCE")
+    });
+    fallback.sigkill();
+}
