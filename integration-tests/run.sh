@@ -2,9 +2,19 @@
 # Installs what the build and tests need, starts a local S3 server (moto) and a real
 # Kafka broker, runs every test, and stops both even when tests fail. This is the
 # README's test command and what CI runs (.ci/run).
+#
+#   integration-tests/run.sh [--kills N]
+#     --kills N   SIGKILLs in the random-kill exactly-once test (default 20; long form 150)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kills) export STREAMSTATE_TEST_KILLS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--kills N]" >&2; exit 2 ;;
+  esac
+done
 
 # One stable target directory outside the clone: RocksDB's C++ build takes ~20 minutes
 # on 2 cores, so repeat runs must be incremental.
@@ -34,4 +44,4 @@ trap '"$kafka" stop || "$kafka" kill || true; "$moto" stop || true' EXIT
 export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"
-cargo test --release --workspace --locked --test '*' -- --test-threads=2
+cargo test --release --workspace --locked "${features[@]}" --test '*' -- --test-threads=2

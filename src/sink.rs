@@ -137,10 +137,12 @@ impl Sink {
     }
 
     fn classify(&self, e: KafkaError) -> SinkError {
-        let fenced = matches!(
-            e.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
-        );
+        let is_fencing =
+            |c| matches!(c, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch);
+        // A fatal error may surface as a generic code on whichever call comes next; the
+        // client keeps the original cause.
+        let fatal_cause = self.producer.client().fatal_error().map(|(code, _)| code);
+        let fenced = e.rdkafka_error_code().is_some_and(is_fencing) || fatal_cause.is_some_and(is_fencing);
         match &e {
             _ if fenced => SinkError::Fenced(self.transactional_id.clone()),
             KafkaError::Transaction(t) if t.txn_requires_abort() && !t.is_fatal() => SinkError::Abortable(e),

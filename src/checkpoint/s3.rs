@@ -120,9 +120,8 @@ impl S3Storage {
             // object_store would otherwise refuse it.
             builder = builder.with_allow_http(true);
         }
-        let conditional_put = builder
-            .get_config_value(&AmazonS3ConfigKey::ConditionalPut)
-            .is_none_or(|v| v.trim() != "disabled");
+        let conditional_put =
+            builder.get_config_value(&AmazonS3ConfigKey::ConditionalPut).is_none_or(|v| v.trim() != "disabled");
         let store = builder.build().map_err(|e| bad(format!("cannot configure the S3 client: {e}")))?;
         // One thread is enough: requests are I/O-bound and overlap as futures.
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -342,7 +341,9 @@ impl S3Storage {
                 };
                 match self.download(&key, &into.join(&file.path)).await {
                     Ok(n) if n == file.size => Ok(()),
-                    Ok(n) => Err(corrupt(format!("{n} bytes, the manifest lists {} as {} bytes", file.path, file.size))),
+                    Ok(n) => {
+                        Err(corrupt(format!("{n} bytes, the manifest lists {} as {} bytes", file.path, file.size)))
+                    }
                     Err(object_store::Error::NotFound { .. }) => {
                         Err(corrupt(format!("missing (listed in the manifest as {})", file.path)))
                     }
@@ -449,7 +450,8 @@ impl S3Storage {
         let mut doomed: HashSet<&CheckpointRef> = completed.into_iter().take(cut).filter(|c| *c != keep).collect();
         // Incomplete (or without a manifest) and older than the committed one: abandoned
         // by a crash or a zombie. Newer debris may be a write in progress.
-        doomed.extend(checkpoints.iter().filter(|(c, e)| !(e.manifest && e.completed) && c.id < keep.id).map(|(c, _)| c));
+        doomed
+            .extend(checkpoints.iter().filter(|(c, e)| !(e.manifest && e.completed) && c.id < keep.id).map(|(c, _)| c));
         let mut referenced = HashSet::new();
         for (c, entry) in &checkpoints {
             if doomed.contains(c) {
@@ -590,7 +592,8 @@ mod tests {
     /// Creates a bucket with a plain unsigned `PUT /<bucket>`, which moto accepts;
     /// object_store has no bucket API.
     fn create_bucket(endpoint: &str, bucket: &str) {
-        let hint = "is the test S3 server up? run `integration-tests/s3/moto.sh start` (or set STREAMSTATE_TEST_S3_ENDPOINT)";
+        let hint =
+            "is the test S3 server up? run `integration-tests/s3/moto.sh start` (or set STREAMSTATE_TEST_S3_ENDPOINT)";
         let url = url::Url::parse(endpoint).unwrap_or_else(|e| panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint}: {e}"));
         let host = url.host_str().unwrap_or("127.0.0.1");
         let port = url.port_or_known_default().unwrap_or(80);
@@ -606,7 +609,12 @@ mod tests {
         let mut reply = String::new();
         conn.read_to_string(&mut reply).unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
         let status = reply.split_whitespace().nth(1).unwrap_or("none");
-        assert_eq!(status, "200", "create bucket {bucket} at {endpoint}: {}; {hint}", reply.lines().next().unwrap_or(""));
+        assert_eq!(
+            status,
+            "200",
+            "create bucket {bucket} at {endpoint}: {}; {hint}",
+            reply.lines().next().unwrap_or("")
+        );
     }
 
     /// A builder for the test server: explicit settings, so the tests neither depend on
@@ -641,10 +649,10 @@ mod tests {
     }
 
     fn keys_under(s: &S3Storage, prefix: &Path) -> Vec<String> {
-        let mut keys: Vec<String> = s.runtime.block_on(
-            s.store.list(Some(prefix)).map_ok(|m| m.location.to_string()).try_collect::<Vec<_>>(),
-        )
-        .expect("list");
+        let mut keys: Vec<String> = s
+            .runtime
+            .block_on(s.store.list(Some(prefix)).map_ok(|m| m.location.to_string()).try_collect::<Vec<_>>())
+            .expect("list");
         keys.sort();
         keys
     }
@@ -706,14 +714,19 @@ mod tests {
         let raced = s.runtime.block_on(s.publish_manifest(&c, b"{}".to_vec()));
         assert!(matches!(raced, Err(CheckpointError::AlreadyPublished { .. })), "{raced:?}");
         assert_eq!(s.read_manifest(&c).expect("first manifest stays").checkpoint, c);
-        assert_eq!(keys_under(&s, &s.root)[0], "app/instance-1/chk-3-eeeeeeee/a", "an empty prefix puts keys at the top");
+        assert_eq!(
+            keys_under(&s, &s.root)[0],
+            "app/instance-1/chk-3-eeeeeeee/a",
+            "an empty prefix puts keys at the top"
+        );
     }
 
     /// The service calls storage from `spawn_blocking` inside its multi-threaded runtime;
     /// the storage's own runtime must work (and drop) there.
     #[test]
     fn works_from_a_blocking_thread_of_another_runtime() {
-        let outer = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let outer =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
         let listed = outer.block_on(async {
             tokio::task::spawn_blocking(|| {
                 let s = storage();
@@ -734,7 +747,9 @@ mod tests {
         let src = tempfile::tempdir().expect("dir");
         let debris = |c: &CheckpointRef| {
             // What a crash mid-write leaves: private files, no manifest.
-            s.runtime.block_on(s.store.put(&s.dir(c).join("db").join("MANIFEST-9"), b"x".to_vec().into())).expect("put");
+            s.runtime
+                .block_on(s.store.put(&s.dir(c).join("db").join("MANIFEST-9"), b"x".to_vec().into()))
+                .expect("put");
         };
         let (old, committed, newer) =
             (CheckpointRef::new(1, "0000000a"), CheckpointRef::new(2, "0000000a"), CheckpointRef::new(3, "0000000b"));
@@ -760,7 +775,8 @@ mod tests {
         let mut s = storage();
         s.part_size = 5 * 1024 * 1024; // S3's minimum part size: 3 parts for 12 MiB
         let src = tempfile::tempdir().expect("dir");
-        let big: Vec<u8> = (0..12 * 1024 * 1024 + 17).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let big: Vec<u8> =
+            (0..12 * 1024 * 1024 + 17).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let c = CheckpointRef::new(1, "0000000c");
         let m = suite::manifest(&c, src.path(), &[("db/000042.sst", &big), ("db/OPTIONS-7", &big[..1000])]);
         let stats = s.write(&m, src.path()).expect("write");
@@ -772,6 +788,30 @@ mod tests {
         let out = tempfile::tempdir().expect("dir");
         s.fetch(&m, &out.path().join("r")).expect("fetch");
         assert!(fs::read(out.path().join("r/db/000042.sst")).expect("sst") == big, "downloaded bytes differ");
+    }
+
+    #[test]
+    fn prune_deletes_shared_files_no_checkpoint_references() {
+        let s = storage();
+        let src = tempfile::tempdir().expect("dir");
+        let (c1, c2) = (CheckpointRef::new(1, "00000010"), CheckpointRef::new(2, "00000010"));
+        let m1 = suite::manifest(&c1, src.path(), &[("db/000001.sst", b"a"), ("db/000002.sst", b"b")]);
+        let m2 = suite::manifest(&c2, src.path(), &[("db/000002.sst", b"b"), ("db/000003.sst", b"c")]);
+        for (c, m) in [(&c1, &m1), (&c2, &m2)] {
+            s.write(m, src.path()).expect("write");
+            s.mark_complete(c).expect("complete");
+        }
+        let shared = s.root.clone().join(SHARED);
+        assert_eq!(keys_under(&s, &shared).len(), 3);
+        s.prune(1, &c2).expect("prune");
+        let mut expected: Vec<String> = m2.state.files.iter().map(|f| s.shared_key(&f.sha256).to_string()).collect();
+        expected.sort();
+        assert_eq!(keys_under(&s, &shared), expected, "only the pruned checkpoint's own SST may go");
+        assert!(keys_under(&s, &s.dir(&c1)).is_empty());
+        // A fresh process (no cached manifests) agrees.
+        let again = S3Storage::with_builder(builder(), &s.bucket, "ckpt/tests", "app", 0).expect("open");
+        again.prune(1, &c2).expect("prune again");
+        assert_eq!(keys_under(&s, &shared), expected);
     }
 
     #[test]
@@ -792,29 +832,5 @@ mod tests {
         ];
         assert_eq!(keys_under(&s, &s.root), expected);
         assert!(s.describe().starts_with(&format!("s3://{}/{root}", s.bucket)), "{}", s.describe());
-    }
-
-    #[test]
-    #[ignore]
-    fn zz_timing_probe() {
-        let s = storage();
-        let src = tempfile::tempdir().expect("dir");
-        let t = std::time::Instant::now();
-        let n = 20;
-        let (mut tw, mut tm, mut tp) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        for i in 1..=n {
-            let c = CheckpointRef::new(i, "0000000f");
-            let a = format!("db/{:06}.sst", i);
-            let b = format!("db/{:06}.sst", i + 1);
-            let m = suite::manifest(&c, src.path(), &[(&a, b"aaaa"), (&b, b"bbbb"), ("db/000001.sst", b"base"), ("db/CURRENT", b"c"), ("db/MANIFEST-5", b"m"), ("db/OPTIONS-5", b"o"), ("meta.json", b"{}")]);
-            let t0 = std::time::Instant::now();
-            s.write(&m, src.path()).expect("write");
-            let t1 = std::time::Instant::now();
-            s.mark_complete(&c).expect("complete");
-            let t2 = std::time::Instant::now();
-            s.prune(2, &c).expect("prune");
-            tp += t2.elapsed(); tm += t2 - t1; tw += t1 - t0;
-        }
-        eprintln!("per checkpoint: total {:?} write {:?} complete {:?} prune {:?}", t.elapsed() / n as u32, tw / n as u32, tm / n as u32, tp / n as u32);
     }
 }
