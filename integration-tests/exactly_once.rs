@@ -116,7 +116,7 @@ fn zombie_is_fenced_writes_nothing_more_and_exits() {
     // A short transaction timeout so pausing "past" it stays quick.
     job.write_config("300ms", "");
     let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"8s\"").replace("timeout = \"15s\"", "timeout = \"4s\"");
+    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"10s\"").replace("timeout = \"15s\"", "timeout = \"6s\"");
     std::fs::write(job.config_path(), config).expect("write config");
     let evs = events(12_000, 0, 11);
     let input = job.input.clone();
@@ -129,8 +129,8 @@ fn zombie_is_fenced_writes_nothing_more_and_exits() {
     zombie.signal("STOP");
     let paused = Instant::now();
     let committed_at_pause = job.committed();
-    // The scenario: the instance stays paused past its transaction timeout (8 s).
-    wait_until("the transaction timeout to pass", Duration::from_secs(30), || paused.elapsed() > Duration::from_secs(9));
+    // The scenario: the instance stays paused past its transaction timeout (10 s).
+    wait_until("the transaction timeout to pass", Duration::from_secs(30), || paused.elapsed() > Duration::from_secs(11));
     let replacement_config = job.write_replacement_config();
     let mut replacement = Service::spawn(&replacement_config, &job.dir.path().join("replacement.log"), &[], &[]);
     wait_until("the replacement to make progress", Duration::from_secs(60), || {

@@ -31,11 +31,15 @@ STREAMSTATE_TEST_S3_ENDPOINT="$("$moto" endpoint)"
 export STREAMSTATE_TEST_S3_ENDPOINT
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 
+# Tests run the binary built with crash points (`failpoints`): inert unless a test sets
+# FAILPOINTS for a run.
+features=(--features streamstate/failpoints)
+
 echo "== build (release: one RocksDB build serves tests, demo and benches)"
-cargo build --release --workspace --all-targets --locked
+cargo build --release --workspace --all-targets --locked "${features[@]}"
 
 echo "== unit tests (no broker needed; S3 storage tests use moto at $STREAMSTATE_TEST_S3_ENDPOINT)"
-cargo test --release --workspace --locked --lib --bins
+cargo test --release --workspace --locked "${features[@]}" --lib --bins
 
 kafka="$root/integration-tests/kafka/kafka.sh"
 "$kafka" reset >/dev/null 2>&1 || true

@@ -200,7 +200,6 @@ impl Job {
                 self.recover_abortable(|_| Err(e))?;
                 self.pipeline.sink.begin()?;
             }
-            self.pipeline.sink.poll();
         }
     }
 

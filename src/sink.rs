@@ -12,7 +12,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use tracing::warn;
 
 use crate::config::Config;
@@ -31,7 +31,9 @@ pub enum SinkError {
 }
 
 pub struct Sink {
-    producer: BaseProducer<LogContext>,
+    /// Threaded: librdkafka's commit and abort wait for delivery reports, which only a
+    /// thread polling the producer can serve while the job thread is inside that call.
+    producer: ThreadedProducer<LogContext>,
     transactional_id: String,
     /// Upper bound for one transactional call, retries included (`checkpoint.timeout`).
     timeout: Duration,
@@ -50,7 +52,7 @@ impl Sink {
             .set("enable.idempotence", "true")
             .set("transaction.timeout.ms", config.kafka.transaction_timeout.as_millis().to_string())
             .set("linger.ms", "5");
-        let producer: BaseProducer<LogContext> =
+        let producer: ThreadedProducer<LogContext> =
             cc.create_with_context(LogContext::default()).map_err(SinkError::Kafka)?;
         let sink = Self { producer, transactional_id, timeout: config.checkpoint.timeout };
         sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
@@ -80,17 +82,13 @@ impl Sink {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    // The producer's own thread drains the queue; wait for room.
                     record = r;
-                    self.producer.poll(Duration::from_millis(50));
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 Err((e, _)) => return Err(self.classify(e)),
             }
         }
-    }
-
-    /// Serves delivery callbacks; call often so the queue drains.
-    pub fn poll(&self) {
-        self.producer.poll(Duration::ZERO);
     }
 
     /// Makes the source offsets (naming the checkpoint) part of the open transaction.
@@ -117,7 +115,7 @@ impl Sink {
     fn retrying(
         &self,
         what: &'static str,
-        op: impl Fn(&BaseProducer<LogContext>, Duration) -> Result<(), KafkaError>,
+        op: impl Fn(&ThreadedProducer<LogContext>, Duration) -> Result<(), KafkaError>,
     ) -> Result<(), SinkError> {
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -146,6 +144,9 @@ impl Sink {
         match &e {
             _ if fenced => SinkError::Fenced(self.transactional_id.clone()),
             KafkaError::Transaction(t) if t.txn_requires_abort() && !t.is_fatal() => SinkError::Abortable(e),
+            // produce() refuses records while the transaction is in an abortable error
+            // state (e.g. a record timed out); the abort then tells whether we were fenced.
+            KafkaError::MessageProduction(RDKafkaErrorCode::State) if fatal_cause.is_none() => SinkError::Abortable(e),
             _ => SinkError::Kafka(e),
         }
     }

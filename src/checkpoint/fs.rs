@@ -159,12 +159,8 @@ impl CheckpointStorage for FsStorage {
     }
 
     fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError> {
-        for entry in fs::read_dir(&self.root).map_err(|e| CheckpointError::io(&self.root, e))? {
-            let entry = entry.map_err(|e| CheckpointError::io(&self.root, e))?;
-            if entry.file_name().to_string_lossy().ends_with(".tmp") {
-                remove_dir_if_exists(&entry.path())?;
-            }
-        }
+        // Unfinished `.tmp` writes are left to `prune`: one may belong to a paused zombie
+        // that should find out it is fenced at its commit, not by a vanished directory.
         let mut removed = Vec::new();
         for info in self.list()? {
             let c = info.checkpoint;
@@ -187,6 +183,14 @@ impl CheckpointStorage for FsStorage {
         for c in doomed {
             remove_dir_if_exists(&self.dir(c))?;
         }
+        for entry in fs::read_dir(&self.root).map_err(|e| CheckpointError::io(&self.root, e))? {
+            let entry = entry.map_err(|e| CheckpointError::io(&self.root, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let unfinished = name.strip_suffix(".tmp").and_then(CheckpointRef::parse);
+            if unfinished.is_some_and(|c| c.id < keep.id) {
+                remove_dir_if_exists(&entry.path())?;
+            }
+        }
         let mut referenced = HashSet::new();
         for info in self.list()? {
             // A checkpoint being written by someone else has no manifest yet; its shared
@@ -199,7 +203,10 @@ impl CheckpointStorage for FsStorage {
         for entry in fs::read_dir(&shared).map_err(|e| CheckpointError::io(&shared, e))? {
             let entry = entry.map_err(|e| CheckpointError::io(&shared, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.ends_with(".partial") && !referenced.contains(&name) {
+            // `<sha>.<run>.partial`: an upload cut short; ours are never in flight here.
+            let abandoned_partial = name.strip_suffix(".partial").is_some_and(|n| !n.ends_with(&format!(".{}", keep.run)));
+            let unreferenced = !name.ends_with(".partial") && !referenced.contains(&name);
+            if abandoned_partial || unreferenced {
                 fs::remove_file(entry.path()).map_err(|e| CheckpointError::io(&entry.path(), e))?;
             }
         }

@@ -71,11 +71,12 @@ pub trait CheckpointStorage: Send + Sync {
     /// links or downloads); the state layer verifies their checksums when it restores.
     fn fetch(&self, manifest: &Manifest, into: &Path) -> Result<(), CheckpointError>;
     fn list(&self) -> Result<Vec<CheckpointInfo>, CheckpointError>;
-    /// Deletes checkpoints that were never committed: newer than `committed` or written
-    /// by another run with the same id, plus unfinished writes.
+    /// Deletes published checkpoints that were never committed: newer than `committed`
+    /// or written by another run with the same id. Unfinished writes are `prune`'s.
     fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError>;
     /// Keeps the newest `retained` completed checkpoints and always `keep`; removes
-    /// shared files that no remaining checkpoint references.
+    /// abandoned checkpoints and unfinished writes older than `keep`, and shared files
+    /// that no remaining checkpoint references.
     fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError>;
     /// Where a person finds this storage (for log lines).
     fn describe(&self) -> String;

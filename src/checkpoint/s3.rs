@@ -7,8 +7,8 @@
 //! An object store has no directory rename, so publication works differently from the
 //! file system: a checkpoint **exists iff its `manifest.json` exists**. Every other object
 //! is uploaded first and the manifest last; a crash before that leaves a prefix without a
-//! manifest (debris) that [`CheckpointStorage::list`] ignores and
-//! `discard_uncommitted`/`prune` delete. Deletion goes the other way round: manifest
+//! manifest (debris) that [`CheckpointStorage::list`] ignores and `prune` deletes once it
+//! is older than the committed checkpoint. Deletion goes the other way round: manifest
 //! first, so an interrupted delete also leaves debris, never a checkpoint with holes.
 //! A completed PUT (single or multipart) is durable, which is what
 //! [`CheckpointStorage::write`] promises before the Kafka transaction commits.
@@ -225,18 +225,22 @@ impl S3Storage {
         Err(failed)
     }
 
-    /// Streams one object into a local file; returns its size.
-    async fn download(&self, key: &Path, to: &LocalPath) -> Result<u64, object_store::Error> {
-        let mut stream = self.store.get(key).await?.into_stream();
-        let io = |e: std::io::Error| object_store::Error::Generic { store: "local file", source: Box::new(e) };
-        let mut out = fs::File::create(to).map_err(io)?;
+    /// Streams one object into a local file; returns its size, or `None` if the object
+    /// does not exist.
+    async fn download(&self, key: &Path, to: &LocalPath) -> Result<Option<u64>, CheckpointError> {
+        let mut stream = match self.store.get(key).await {
+            Ok(got) => got.into_stream(),
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.store_error(key, e)),
+        };
+        let mut out = fs::File::create(to).map_err(|e| CheckpointError::io(to, e))?;
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            out.write_all(&chunk).map_err(io)?;
+            let chunk = chunk.map_err(|e| self.store_error(key, e))?;
+            out.write_all(&chunk).map_err(|e| CheckpointError::io(to, e))?;
             n += chunk.len() as u64;
         }
-        Ok(n)
+        Ok(Some(n))
     }
 
     /// Publishes the manifest, which makes the checkpoint exist; fails if it already does.
@@ -339,15 +343,12 @@ impl S3Storage {
                     path: PathBuf::from(self.url(&key)),
                     reason,
                 };
-                match self.download(&key, &into.join(&file.path)).await {
-                    Ok(n) if n == file.size => Ok(()),
-                    Ok(n) => {
+                match self.download(&key, &into.join(&file.path)).await? {
+                    Some(n) if n == file.size => Ok(()),
+                    Some(n) => {
                         Err(corrupt(format!("{n} bytes, the manifest lists {} as {} bytes", file.path, file.size)))
                     }
-                    Err(object_store::Error::NotFound { .. }) => {
-                        Err(corrupt(format!("missing (listed in the manifest as {})", file.path)))
-                    }
-                    Err(e) => Err(self.store_error(&key, e)),
+                    None => Err(corrupt(format!("missing (listed in the manifest as {})", file.path))),
                 }
             })
             .buffer_unordered(FILES_IN_FLIGHT)
@@ -427,16 +428,14 @@ impl S3Storage {
         &self,
         committed: Option<&CheckpointRef>,
     ) -> Result<Vec<CheckpointRef>, CheckpointError> {
+        // Debris (no manifest) is left to `prune`: it may be a paused zombie's upload, and
+        // the zombie should find out it is fenced at its commit, not by vanished objects.
         let mut removed = Vec::new();
         for (c, entry) in self.scan().await?.checkpoints {
             let uncommitted = committed.is_none_or(|k| c.id > k.id || (c.id == k.id && c != *k));
-            if uncommitted || !entry.manifest {
+            if entry.manifest && uncommitted {
                 self.delete_checkpoint(&c, &entry).await?;
-                // Debris was never a checkpoint, so only real ones are reported (as FsStorage
-                // does not report its `.tmp` directories).
-                if entry.manifest {
-                    removed.push(c);
-                }
+                removed.push(c);
             }
         }
         Ok(removed)
@@ -458,9 +457,13 @@ impl S3Storage {
                 self.delete_checkpoint(c, entry).await?;
             } else if entry.manifest {
                 // A checkpoint being written by someone else has no manifest yet; its
-                // shared files can only belong to an uncommitted epoch.
-                if let Ok(hashes) = self.shared_hashes(c).await {
-                    referenced.extend(hashes.iter().cloned());
+                // shared files can only belong to an uncommitted epoch. A manifest deleted
+                // since the listing or unreadable references nothing (as in FsStorage), but
+                // a failed request stops the prune: guessing would delete live files.
+                match self.shared_hashes(c).await {
+                    Ok(hashes) => referenced.extend(hashes.iter().cloned()),
+                    Err(CheckpointError::Missing { .. } | CheckpointError::BadManifest { .. }) => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -742,32 +745,43 @@ mod tests {
     }
 
     #[test]
-    fn debris_of_interrupted_writes_is_invisible_and_cleaned() {
+    fn debris_of_interrupted_writes_is_invisible_and_pruned_once_older_than_the_committed() {
         let s = storage();
         let src = tempfile::tempdir().expect("dir");
         let debris = |c: &CheckpointRef| {
             // What a crash mid-write leaves: private files, no manifest.
-            s.runtime
-                .block_on(s.store.put(&s.dir(c).join("db").join("MANIFEST-9"), b"x".to_vec().into()))
-                .expect("put");
+            let key = s.dir(c).join("db").join("MANIFEST-9");
+            s.runtime.block_on(s.store.put(&key, b"x".to_vec().into())).expect("put");
         };
-        let (old, committed, newer) =
-            (CheckpointRef::new(1, "0000000a"), CheckpointRef::new(2, "0000000a"), CheckpointRef::new(3, "0000000b"));
+        let publish = |c: &CheckpointRef| {
+            s.write(&suite::manifest(c, src.path(), &[("x", b"x")]), src.path()).expect("write");
+            s.mark_complete(c).expect("complete");
+        };
+        let (old, committed, newer, next) = (
+            CheckpointRef::new(1, "0000000a"),
+            CheckpointRef::new(2, "0000000a"),
+            CheckpointRef::new(3, "0000000b"),
+            CheckpointRef::new(4, "0000000c"),
+        );
         debris(&old);
         debris(&newer);
-        s.write(&suite::manifest(&committed, src.path(), &[("x", b"x")]), src.path()).expect("write");
-        s.mark_complete(&committed).expect("complete");
+        publish(&committed);
         let listed: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
         assert_eq!(listed, vec![committed.clone()], "a prefix without a manifest is not a checkpoint");
-        // Prune removes older debris but leaves newer prefixes: they may be writes in progress.
+        assert!(s.mark_complete(&newer).is_err(), "only a published checkpoint can complete");
+        // Recovery leaves debris alone: it may be a paused zombie's upload.
+        assert_eq!(s.discard_uncommitted(Some(&committed)).expect("discard"), vec![]);
+        assert!(!keys_under(&s, &s.dir(&old)).is_empty() && !keys_under(&s, &s.dir(&newer)).is_empty());
+        // Prune removes debris older than the committed checkpoint, not newer: that may
+        // be a write in progress.
         s.prune(1, &committed).expect("prune");
         assert!(keys_under(&s, &s.dir(&old)).is_empty(), "older debris must be pruned");
         assert!(!keys_under(&s, &s.dir(&newer)).is_empty(), "newer debris may be a write in progress");
-        // Recovery removes all debris, and reports only real checkpoints.
-        assert_eq!(s.discard_uncommitted(Some(&committed)).expect("discard"), vec![]);
-        assert!(keys_under(&s, &s.dir(&newer)).is_empty(), "recovery must delete debris");
-        assert!(s.mark_complete(&newer).is_err(), "only a published checkpoint can complete");
-        assert_eq!(s.read_manifest(&committed).expect("committed stays").checkpoint, committed);
+        publish(&next);
+        s.prune(1, &next).expect("prune");
+        assert!(keys_under(&s, &s.dir(&newer)).is_empty(), "debris older than the committed one must go");
+        let listed: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
+        assert_eq!(listed, vec![next]);
     }
 
     #[test]
