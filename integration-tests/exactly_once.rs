@@ -13,11 +13,40 @@ use rand::Rng;
 
 const SIGABRT: i32 = 6;
 
+/// Every recovery test runs on both kinds of checkpoint storage.
+#[derive(Clone, Copy)]
+enum Storage {
+    File,
+    S3,
+}
+
+/// Writes the job's config for `storage`; returns the environment the service needs.
+fn configure(job: &Job, storage: Storage, interval: &str) -> Vec<(String, String)> {
+    match storage {
+        Storage::File => {
+            job.write_config(interval, "");
+            Vec::new()
+        }
+        Storage::S3 => {
+            let bucket = unique("eo");
+            create_s3_bucket(&bucket);
+            job.write_config_with_storage(interval, &format!("s3://{bucket}/ckpt"), "");
+            s3_env()
+        }
+    }
+}
+
+fn spawn(job: &Job, env: &[(String, String)], extra: &[(&str, &str)]) -> Service {
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    all.extend_from_slice(extra);
+    job.spawn_with(&[], &all)
+}
+
 /// Five crash/restart cycles at `failpoint`, each after `skip` harmless hits, with new
 /// input before each; then a clean run finishes the input and the checker runs.
-fn crash_five_times_at(failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32) {
+fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32) {
     let job = Job::new(&format!("fp-{failpoint}"), 4);
-    job.write_config("300ms", "");
+    let env = configure(&job, storage, "300ms");
     let mut rng = rand::rng();
     let mut seed = 100;
     let mut produced = 0;
@@ -25,7 +54,7 @@ fn crash_five_times_at(failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng
         // Restore only happens when something was committed: commit a first epoch.
         produce_all(&job.input, &events(1_000, 5, seed), None);
         produced += 1_000;
-        let mut service = job.spawn();
+        let mut service = spawn(&job, &env, &[]);
         wait_until("a first commit", Duration::from_secs(60), || {
             service.assert_running();
             job.committed() > 0
@@ -37,54 +66,56 @@ fn crash_five_times_at(failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng
         produce_all(&job.input, &events(1_000, 5, seed), None);
         produced += 1_000;
         let spec = format!("{failpoint}={}*off->return", skip(&mut rng));
-        let mut service = job.spawn_with(&[], &[("FAILPOINTS", spec.as_str())]);
+        let mut service = spawn(&job, &env, &[("FAILPOINTS", spec.as_str())]);
         let status = service.wait_exit(Duration::from_secs(90));
         assert_eq!(status.signal(), Some(SIGABRT), "run {run}: expected a crash at {spec}, got {status}; log:\n{}", service.log());
         assert!(service.log().contains(&format!("failpoint {failpoint}: crashing")), "run {run}: {}", service.log());
     }
-    let mut service = job.spawn();
+    let mut service = spawn(&job, &env, &[]);
     wait_all_committed(&job, &mut service);
     service.sigkill();
     let (outputs, dead) = check_exactly_once(&job);
     assert_eq!(outputs + dead, produced, "every input is an output or a dead letter");
 }
 
-#[test]
-fn recovers_exactly_once_after_crashes_mid_batch() {
-    crash_five_times_at("mid-batch", |r| r.random_range(10..900));
+/// One test per failpoint and storage, named for the step the process dies at.
+macro_rules! crash_tests {
+    ($($name:ident: $failpoint:literal, $skip:expr;)*) => {
+        mod on_file_storage {
+            use super::*;
+            $(#[test] fn $name() { crash_five_times_at(Storage::File, $failpoint, $skip) })*
+        }
+        mod on_s3_storage {
+            use super::*;
+            $(#[test] fn $name() { crash_five_times_at(Storage::S3, $failpoint, $skip) })*
+        }
+    };
 }
 
-#[test]
-fn recovers_exactly_once_after_crashes_after_producing_before_snapshot() {
-    crash_five_times_at("before-snapshot", |r| r.random_range(0..3));
-}
-
-#[test]
-fn recovers_exactly_once_after_crashes_after_snapshot_before_sending_offsets() {
-    crash_five_times_at("after-snapshot", |r| r.random_range(0..3));
-}
-
-#[test]
-fn recovers_exactly_once_after_crashes_after_sending_offsets_before_commit() {
-    crash_five_times_at("before-commit", |r| r.random_range(0..3));
-}
-
-#[test]
-fn recovers_exactly_once_after_crashes_after_commit_before_marking_complete() {
-    crash_five_times_at("after-commit", |r| r.random_range(0..3));
-}
-
-#[test]
-fn recovers_exactly_once_after_crashes_during_restore() {
-    crash_five_times_at("during-restore", |_| 0);
+crash_tests! {
+    recovers_exactly_once_after_crashes_mid_batch: "mid-batch", |r| r.random_range(10..900);
+    recovers_exactly_once_after_crashes_after_producing_before_snapshot: "before-snapshot", |r| r.random_range(0..3);
+    recovers_exactly_once_after_crashes_after_snapshot_before_sending_offsets: "after-snapshot", |r| r.random_range(0..3);
+    recovers_exactly_once_after_crashes_after_sending_offsets_before_commit: "before-commit", |r| r.random_range(0..3);
+    recovers_exactly_once_after_crashes_after_commit_before_marking_complete: "after-commit", |r| r.random_range(0..3);
+    recovers_exactly_once_after_crashes_during_restore: "during-restore", |_| 0;
 }
 
 /// `STREAMSTATE_TEST_KILLS` (from `run.sh --kills N`) sets the dose; CI runs 20.
 #[test]
 fn random_sigkills_under_continuous_input_keep_exactly_once() {
+    random_sigkills(Storage::File);
+}
+
+#[test]
+fn random_sigkills_under_continuous_input_keep_exactly_once_on_s3_storage() {
+    random_sigkills(Storage::S3);
+}
+
+fn random_sigkills(storage: Storage) {
     let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
     let job = Job::new("random-kill", 4);
-    job.write_config("250ms", "");
+    let env = configure(&job, storage, "250ms");
     let total = 800 * kills.max(5);
     let evs = events(total, 5, 7);
     let input = job.input.clone();
@@ -92,7 +123,7 @@ fn random_sigkills_under_continuous_input_keep_exactly_once() {
     let mut rng = rand::rng();
     let started = Instant::now();
     for _ in 0..kills {
-        let mut service = job.spawn();
+        let mut service = spawn(&job, &env, &[]);
         let up = Duration::from_millis(rng.random_range(200..2_500));
         let until = Instant::now() + up;
         // The kill moment is the schedule of this test, not a wait for a condition.
@@ -103,7 +134,7 @@ fn random_sigkills_under_continuous_input_keep_exactly_once() {
         service.sigkill();
     }
     feeder.join().expect("feeder");
-    let mut service = job.spawn();
+    let mut service = spawn(&job, &env, &[]);
     wait_all_committed(&job, &mut service);
     service.sigkill();
     let (outputs, _) = check_exactly_once(&job);
@@ -112,16 +143,25 @@ fn random_sigkills_under_continuous_input_keep_exactly_once() {
 
 #[test]
 fn zombie_is_fenced_writes_nothing_more_and_exits() {
+    zombie(Storage::File);
+}
+
+#[test]
+fn zombie_is_fenced_writes_nothing_more_and_exits_on_s3_storage() {
+    zombie(Storage::S3);
+}
+
+fn zombie(storage: Storage) {
     let job = Job::new("zombie", 4);
     // A short transaction timeout so pausing "past" it stays quick.
-    job.write_config("300ms", "");
+    let env = configure(&job, storage, "300ms");
     let config = std::fs::read_to_string(job.config_path()).expect("config");
     let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"10s\"").replace("timeout = \"15s\"", "timeout = \"6s\"");
     std::fs::write(job.config_path(), config).expect("write config");
     let evs = events(12_000, 0, 11);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_000)));
-    let mut zombie = job.spawn();
+    let mut zombie = spawn(&job, &env, &[]);
     wait_until("the first instance to commit", Duration::from_secs(60), || {
         zombie.assert_running();
         job.committed() >= 2_000
@@ -132,7 +172,8 @@ fn zombie_is_fenced_writes_nothing_more_and_exits() {
     // The scenario: the instance stays paused past its transaction timeout (10 s).
     wait_until("the transaction timeout to pass", Duration::from_secs(30), || paused.elapsed() > Duration::from_secs(11));
     let replacement_config = job.write_replacement_config();
-    let mut replacement = Service::spawn(&replacement_config, &job.dir.path().join("replacement.log"), &[], &[]);
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut replacement = Service::spawn(&replacement_config, &job.dir.path().join("replacement.log"), &[], &env_refs);
     wait_until("the replacement to make progress", Duration::from_secs(60), || {
         replacement.assert_running();
         job.committed() >= committed_at_pause + 1_000

@@ -40,6 +40,8 @@ cargo build --release --workspace --all-targets --locked "${features[@]}"
 
 echo "== unit tests (no broker needed; S3 storage tests use moto at $STREAMSTATE_TEST_S3_ENDPOINT)"
 cargo test --release --workspace --locked "${features[@]}" --lib --bins
+echo "== doc tests (API examples; the compile-fail proof that keyed code cannot write broadcast state)"
+cargo test --release --workspace --locked "${features[@]}" --doc
 
 kafka="$root/integration-tests/kafka/kafka.sh"
 "$kafka" reset >/dev/null 2>&1 || true
