@@ -65,6 +65,7 @@ fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut ran
         seed += 1;
         produce_all(&job.input, &events(1_000, 5, seed), None);
         produced += 1_000;
+        produce_rules(&job.control, &rule_records(run));
         let spec = format!("{failpoint}={}*off->return", skip(&mut rng));
         let mut service = spawn(&job, &env, &[("FAILPOINTS", spec.as_str())]);
         let status = service.wait_exit(Duration::from_secs(90));
@@ -73,6 +74,7 @@ fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut ran
     }
     let mut service = spawn(&job, &env, &[]);
     wait_all_committed(&job, &mut service);
+    check_rules(&job, &mut service);
     service.sigkill();
     let (outputs, dead) = check_exactly_once(&job);
     assert_eq!(outputs + dead, produced, "every input is an output or a dead letter");
@@ -99,6 +101,7 @@ crash_tests! {
     recovers_exactly_once_after_crashes_after_sending_offsets_before_commit: "before-commit", |r| r.random_range(0..3);
     recovers_exactly_once_after_crashes_after_commit_before_marking_complete: "after-commit", |r| r.random_range(0..3);
     recovers_exactly_once_after_crashes_during_restore: "during-restore", |_| 0;
+    recovers_exactly_once_after_crashes_while_applying_a_rule: "apply-rule", |r| r.random_range(0..4);
 }
 
 /// `STREAMSTATE_TEST_KILLS` (from `run.sh --kills N`) sets the dose; CI runs 20.

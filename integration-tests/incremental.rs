@@ -18,6 +18,7 @@ fn checkpoint(store: &StateStore, storage: &FsStorage, id: u64, scratch: &std::p
         instance: 0,
         created_at_ms: 0,
         offsets: vec![],
+        control_offsets: vec![],
         state,
     };
     let written = storage.write(&manifest, &staging).expect("write checkpoint");

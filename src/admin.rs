@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
+use axum::Json;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
@@ -28,6 +29,7 @@ pub fn router(control: Arc<Control>, metrics: Metrics) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/checkpoints", post(trigger_checkpoint))
+        .route("/rules", get(rules))
         .with_state(AppState { control, metrics })
 }
 
@@ -52,5 +54,13 @@ async fn trigger_checkpoint(State(s): State<AppState>) -> impl IntoResponse {
         (StatusCode::CONFLICT, "a checkpoint is already requested")
     } else {
         (StatusCode::ACCEPTED, "checkpoint requested")
+    }
+}
+
+/// The rules in force (and deleted ones, with the version that deleted them).
+async fn rules(State(s): State<AppState>) -> impl IntoResponse {
+    match s.control.rules.read() {
+        Ok(rules) => Json(rules.values().cloned().collect::<Vec<_>>()).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable").into_response(),
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 /// so a hostile record costs bounded stack and time.
 const MAX_DEPTH: usize = 64;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("record has no value")]
     Empty,
@@ -67,15 +67,7 @@ impl Decoder {
     }
 
     pub fn decode(&self, payload: Option<&[u8]>) -> Result<Event, DecodeError> {
-        let bytes = payload.filter(|b| !b.is_empty()).ok_or(DecodeError::Empty)?;
-        if bytes.len() > self.max_record_bytes {
-            return Err(DecodeError::TooLarge { size: bytes.len(), max: self.max_record_bytes });
-        }
-        let text = std::str::from_utf8(bytes).map_err(|e| DecodeError::NotUtf8(e.valid_up_to()))?;
-        if nesting_depth(text) > MAX_DEPTH {
-            return Err(DecodeError::TooDeep);
-        }
-        let value: Value = serde_json::from_str(text).map_err(|e| DecodeError::InvalidJson(e.to_string()))?;
+        let value = parse_json(payload, self.max_record_bytes)?;
         let key = match value.pointer(&self.key_pointer) {
             None | Some(Value::Null) => return Err(DecodeError::MissingKey(self.key_pointer.clone())),
             Some(Value::String(s)) => s.clone(),
@@ -87,6 +79,19 @@ impl Decoder {
         }
         Ok(Event { key, value })
     }
+}
+
+/// Bytes → JSON with the limits every record from Kafka gets (size, UTF-8, nesting).
+pub fn parse_json(payload: Option<&[u8]>, max_bytes: usize) -> Result<Value, DecodeError> {
+    let bytes = payload.filter(|b| !b.is_empty()).ok_or(DecodeError::Empty)?;
+    if bytes.len() > max_bytes {
+        return Err(DecodeError::TooLarge { size: bytes.len(), max: max_bytes });
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| DecodeError::NotUtf8(e.valid_up_to()))?;
+    if nesting_depth(text) > MAX_DEPTH {
+        return Err(DecodeError::TooDeep);
+    }
+    serde_json::from_str(text).map_err(|e| DecodeError::InvalidJson(e.to_string()))
 }
 
 /// Bracket depth outside strings; a cheap pre-scan so deep nesting never reaches the parser.

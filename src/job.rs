@@ -18,12 +18,13 @@ use tracing::{error, info, warn};
 use crate::checkpoint::{
     CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset, open_storage,
 };
-use crate::config::Config;
-use crate::decode::{DecodeError, Decoder};
+use crate::config::{Config, StartOffsets};
+use crate::control::{RuleOutcome, Rules, RulesView};
+use crate::decode::Decoder;
 use crate::metrics::Metrics;
 use crate::process::{CountJob, ProcessError};
 use crate::sink::{Sink, SinkError};
-use crate::source::{Offsets, Partition, Source, SourceError, offsets_for_commit};
+use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -35,6 +36,8 @@ pub enum JobError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error("state: {0}")]
+    State(#[from] streamstate_state::StateError),
     #[error("checkpoint {name}: offsets in its manifest differ from the group's committed offsets")]
     OffsetMismatch { name: String },
     #[error(
@@ -55,6 +58,8 @@ pub struct Control {
     pub checkpoint_requested: AtomicBool,
     pub ready: AtomicBool,
     pub alive: AtomicBool,
+    /// The rules in force, as the job loop last applied them.
+    pub rules: RulesView,
 }
 
 /// Choices made at start by the operator, not by the config file.
@@ -74,7 +79,7 @@ pub struct Job {
     next_checkpoint_id: u64,
     /// What an aborted epoch rewinds to: the last committed checkpoint, or the start.
     last_committed: Option<CheckpointRef>,
-    start_offsets: Offsets,
+    start: Start,
     pipeline: Pipeline,
 }
 
@@ -87,20 +92,21 @@ struct Pipeline {
     sink: Sink,
     state: CountJob,
     offsets: Offsets,
-}
-
-/// Crash here when a test configured this failpoint (feature `failpoints`).
-macro_rules! crash_point {
-    ($name:literal) => {
-        fail::fail_point!($name, |_| crate::failpoint_crash($name))
-    };
+    /// Present when `kafka.control_topic` is set.
+    rules: Option<Rules>,
+    control_offsets: Offsets,
 }
 
 impl Job {
     /// Connects, fences the previous incarnation, and restores the committed checkpoint.
     pub fn start(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> Result<Self, JobError> {
         let source = Source::new(&config)?;
-        let parts = source.partitions(&config.kafka.bootstrap_servers, &config.kafka.input_topics)?;
+        let servers = &config.kafka.bootstrap_servers;
+        let parts = source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
+        let control_parts = match &config.kafka.control_topic {
+            Some(topic) => source.partitions(servers, "kafka.control_topic", std::slice::from_ref(topic))?,
+            None => Vec::new(),
+        };
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
         let sink = Sink::new(&config)?;
@@ -112,22 +118,25 @@ impl Job {
             info!(checkpoints = ?names, "discarded checkpoints that never committed");
         }
         let started = Instant::now();
-        let start_offsets = source.start_offsets(&parts, config.kafka.start_offsets)?;
-        let (state, offsets, last_committed) = match committed {
+        // Rules are read from the beginning: every instance must know all of them.
+        let start = Start {
+            input: source.start_offsets(&parts, config.kafka.start_offsets)?,
+            control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
+        };
+        let (state, manifest) = match committed {
             None => {
                 info!("no committed checkpoint: first start with empty state");
                 let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
-                (CountJob::fresh(&config, max_parallelism)?, start_offsets.clone(), None)
+                (CountJob::fresh(&config, max_parallelism)?, None)
             }
             Some(c) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
-                    let offsets = manifest_offsets(&m);
-                    if offsets != c.offsets {
+                    if manifest_offsets(&m.offsets) != c.offsets {
                         return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
                     }
-                    Ok((state, offsets, c.checkpoint.clone()))
+                    Ok((state, m))
                 });
-                let (state, offsets, checkpoint) = match restored {
+                let (state, manifest) = match restored {
                     Ok(r) => r,
                     Err(e) if options.allow_older_checkpoint => {
                         error!(checkpoint = %c.checkpoint, error = %e, "committed checkpoint cannot be restored");
@@ -135,25 +144,36 @@ impl Job {
                     }
                     Err(e) => return Err(JobError::Restore { name: c.checkpoint.to_string(), source: Box::new(e) }),
                 };
-                storage.mark_complete(&checkpoint)?;
-                info!(checkpoint = %checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
-                (state, with_new_partitions(offsets, &start_offsets), Some(checkpoint))
+                storage.mark_complete(&manifest.checkpoint)?;
+                info!(checkpoint = %manifest.checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
+                (state, Some(manifest))
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
-        source.assign(&offsets)?;
+        let (offsets, control_offsets) = start.positions(manifest.as_ref());
+        source.assign(offsets.iter().chain(&control_offsets))?;
+        let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
+        if let Some(rules) = &rules {
+            rules.refresh_view()?;
+            metrics.rules_active.set(rules.active()? as i64);
+        }
         let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
-        info!(partitions = offsets.len(), transactional_id = %config.transactional_id(), "assigned input partitions");
-        let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets };
+        info!(
+            partitions = offsets.len(),
+            control_partitions = control_offsets.len(),
+            transactional_id = %config.transactional_id(),
+            "assigned partitions"
+        );
+        let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets, rules, control_offsets };
         Ok(Self {
             control,
             source,
             storage,
             run: CheckpointRef::new_run(),
             next_checkpoint_id,
-            last_committed,
-            start_offsets,
+            last_committed: manifest.map(|m| m.checkpoint),
+            start,
             pipeline,
         })
     }
@@ -219,18 +239,23 @@ impl Job {
 
     fn rewind(&mut self) -> Result<(), JobError> {
         let p = &mut self.pipeline;
-        p.offsets = match &self.last_committed {
+        let manifest = match &self.last_committed {
             Some(c) => {
                 let manifest = self.storage.read_manifest(c)?;
                 restore_into(&p.config, self.storage.as_ref(), &p.state, &manifest)?;
-                with_new_partitions(manifest_offsets(&manifest), &self.start_offsets)
+                Some(manifest)
             }
             None => {
                 p.state.reset(None)?;
-                self.start_offsets.clone()
+                None
             }
         };
-        self.source.assign(&p.offsets)?;
+        (p.offsets, p.control_offsets) = self.start.positions(manifest.as_ref());
+        self.source.assign(p.offsets.iter().chain(&p.control_offsets))?;
+        if let Some(rules) = &p.rules {
+            rules.refresh_view()?;
+            p.metrics.rules_active.set(rules.active()? as i64);
+        }
         info!(checkpoint = ?self.last_committed.as_ref().map(ToString::to_string), "rewound to the last committed checkpoint");
         Ok(())
     }
@@ -251,11 +276,8 @@ impl Job {
             app_id: p.config.kafka.app_id.clone(),
             instance: p.config.job.instance,
             created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-            offsets: p
-                .offsets
-                .iter()
-                .map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset })
-                .collect(),
+            offsets: partition_offsets(&p.offsets),
+            control_offsets: partition_offsets(&p.control_offsets),
             state,
         };
         let written = self.storage.write(&manifest, &staging)?;
@@ -300,6 +322,35 @@ impl Job {
 impl Pipeline {
     fn handle(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+        if let Some(rules) = &self.rules
+            && self.config.kafka.control_topic.as_deref() == Some(topic)
+        {
+            let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let outcome = rules.apply(msg.key(), msg.payload(), partition, offset, now_ms)?;
+            let label = match &outcome {
+                RuleOutcome::Applied { id, version } => {
+                    info!(rule = %id, version, "rule applied");
+                    "applied"
+                }
+                RuleOutcome::Deleted { id } => {
+                    info!(rule = %id, "rule deleted");
+                    "deleted"
+                }
+                RuleOutcome::Ignored { id, version, applied } => {
+                    info!(rule = %id, version, applied, "rule update ignored: not newer than the applied version");
+                    "ignored"
+                }
+                RuleOutcome::Rejected(why) => {
+                    warn!(partition, offset, reason = why.reason(), error = %why, "rule rejected; the last good version stays");
+                    self.dead_letter(msg, why.reason(), &why.to_string())?;
+                    "rejected"
+                }
+            };
+            self.metrics.rule_updates.with_label_values(&[label]).inc();
+            self.metrics.rules_active.set(rules.active()? as i64);
+            self.control_offsets.insert((topic.to_string(), partition), offset + 1);
+            return Ok(());
+        }
         let partition_label = partition.to_string();
         self.metrics.records_consumed.with_label_values(&[topic, &partition_label]).inc();
         let source = json!({"topic": topic, "partition": partition, "offset": offset});
@@ -312,7 +363,10 @@ impl Pipeline {
                 self.sink.send(topic_out, Some(event.key.as_bytes()), &bytes, None)?;
                 self.metrics.records_produced.with_label_values(&[topic_out]).inc();
             }
-            Err(err) => self.dead_letter(msg, &err)?,
+            Err(err) => {
+                self.dead_letter(msg, err.reason(), &err.to_string())?;
+                self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
+            }
         }
         self.offsets.insert((topic.to_string(), partition), offset + 1);
         crash_point!("mid-batch");
@@ -321,12 +375,11 @@ impl Pipeline {
 
     /// The original bytes go to the dead-letter topic unchanged, with why and where from
     /// in headers, inside the current transaction: exactly once, like any output.
-    fn dead_letter(&mut self, msg: &BorrowedMessage<'_>, err: &DecodeError) -> Result<(), JobError> {
+    fn dead_letter(&self, msg: &BorrowedMessage<'_>, reason: &str, detail: &str) -> Result<(), JobError> {
         let (partition, offset) = (msg.partition().to_string(), msg.offset().to_string());
-        let detail = err.to_string();
         let headers = OwnedHeaders::new()
-            .insert(Header { key: "streamstate.error.reason", value: Some(err.reason()) })
-            .insert(Header { key: "streamstate.error.message", value: Some(detail.as_str()) })
+            .insert(Header { key: "streamstate.error.reason", value: Some(reason) })
+            .insert(Header { key: "streamstate.error.message", value: Some(detail) })
             .insert(Header { key: "streamstate.source.topic", value: Some(msg.topic()) })
             .insert(Header { key: "streamstate.source.partition", value: Some(partition.as_str()) })
             .insert(Header { key: "streamstate.source.offset", value: Some(offset.as_str()) });
@@ -335,7 +388,6 @@ impl Pipeline {
         let payload = msg.payload().unwrap_or_default();
         let payload = &payload[..payload.len().min(self.config.job.max_record_bytes)];
         self.sink.send(&self.config.kafka.dead_letter_topic, msg.key(), payload, Some(headers))?;
-        self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
         Ok(())
     }
 }
@@ -378,7 +430,7 @@ fn restore_older(
     config: &Config,
     storage: &dyn CheckpointStorage,
     broken: &CheckpointRef,
-) -> Result<(CountJob, Offsets, CheckpointRef), JobError> {
+) -> Result<(CountJob, Manifest), JobError> {
     let mut older: Vec<CheckpointRef> =
         storage.list()?.into_iter().filter(|i| i.completed && i.checkpoint.id < broken.id).map(|i| i.checkpoint).collect();
     older.sort();
@@ -391,7 +443,7 @@ fn restore_older(
                     "--allow-older-checkpoint: restored an OLDER checkpoint; records after its offsets are \
                      processed again, so this run is AT-LEAST-ONCE"
                 );
-                return Ok((state, manifest_offsets(&manifest), candidate));
+                return Ok((state, manifest));
             }
             Err(e) => warn!(checkpoint = %candidate, error = %e, "older checkpoint cannot be restored either"),
         }
@@ -405,12 +457,32 @@ fn restore_older(
     })
 }
 
-/// Partitions added to the input since the checkpoint start at the configured position.
-fn with_new_partitions(mut offsets: Offsets, start: &Offsets) -> Offsets {
-    for (p, o) in start {
-        offsets.entry(p.clone() as Partition).or_insert(*o);
+/// Where each partition starts when no checkpoint says otherwise, fixed at process start
+/// so a rewind before the first commit goes back to the same place.
+struct Start {
+    input: Offsets,
+    control: Offsets,
+}
+
+impl Start {
+    /// Input and control positions: the checkpoint's, plus partitions added since it was
+    /// taken at their start position.
+    fn positions(&self, manifest: Option<&Manifest>) -> (Offsets, Offsets) {
+        let merge = |from: Option<&Vec<PartitionOffset>>, start: &Offsets| {
+            let mut offsets = from.map(|o| manifest_offsets(o)).unwrap_or_default();
+            for (p, o) in start {
+                offsets.entry(p.clone()).or_insert(*o);
+            }
+            // A control topic dropped from the config since the checkpoint is not read.
+            offsets.retain(|p, _| start.contains_key(p));
+            offsets
+        };
+        (merge(manifest.map(|m| &m.offsets), &self.input), merge(manifest.map(|m| &m.control_offsets), &self.control))
     }
-    offsets
+}
+
+fn partition_offsets(offsets: &Offsets) -> Vec<PartitionOffset> {
+    offsets.iter().map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset }).collect()
 }
 
 fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
@@ -420,6 +492,6 @@ fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
     }
 }
 
-fn manifest_offsets(m: &Manifest) -> Offsets {
-    m.offsets.iter().map(|o| ((o.topic.clone(), o.partition), o.offset)).collect()
+fn manifest_offsets(offsets: &[PartitionOffset]) -> Offsets {
+    offsets.iter().map(|o| ((o.topic.clone(), o.partition), o.offset)).collect()
 }

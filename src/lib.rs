@@ -9,6 +9,7 @@
 //! - [`source`]: the Kafka consumer with manual assignment; offsets are the service's own.
 //! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic.
 //! - [`process`]: the job function, over keyed state from the `streamstate-state` crate.
+//! - [`control`]: rules from the control topic, versioned, in broadcast state.
 //! - [`sink`]: the transactional producer, one transaction per checkpoint epoch.
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
@@ -22,9 +23,19 @@
 //! and commits. That commit is the single decision point; recovery restores whichever
 //! checkpoint the group's committed offsets name. See `../shared/DESIGN.md`.
 
+/// Crashes the process here when a test configured this failpoint (feature `failpoints`,
+/// `FAILPOINTS=<name>=return`); compiles to nothing otherwise.
+macro_rules! crash_point {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| $crate::failpoint_crash($name))
+    };
+}
+pub(crate) use crash_point;
+
 pub mod admin;
 pub mod checkpoint;
 pub mod config;
+pub mod control;
 pub mod decode;
 pub mod job;
 pub mod kafka_log;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub transactions: IntCounterVec,
     pub restore_duration: Histogram,
     pub partition_offset: IntGaugeVec,
+    pub rules_active: IntGauge,
+    pub rule_updates: IntCounterVec,
 }
 
 impl Metrics {
@@ -73,6 +75,11 @@ impl Metrics {
                 Opts::new("streamstate_input_offset", "Next input offset to process, per partition."),
                 tp,
             )?,
+            rules_active: IntGauge::new("streamstate_rules_active", "Rules in force from the control topic.")?,
+            rule_updates: IntCounterVec::new(
+                Opts::new("streamstate_rule_updates_total", "Control-topic records by outcome."),
+                &["outcome"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.records_consumed.clone()))?;
@@ -86,6 +93,8 @@ impl Metrics {
         m.registry.register(Box::new(m.transactions.clone()))?;
         m.registry.register(Box::new(m.restore_duration.clone()))?;
         m.registry.register(Box::new(m.partition_offset.clone()))?;
+        m.registry.register(Box::new(m.rules_active.clone()))?;
+        m.registry.register(Box::new(m.rule_updates.clone()))?;
         let build = IntGaugeVec::new(Opts::new("streamstate_build_info", "Build of this binary."), &["version"])?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m.registry.register(Box::new(build))?;

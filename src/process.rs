@@ -34,6 +34,11 @@ impl CountJob {
         Ok(self.store.restore(from.as_slice())?)
     }
 
+    /// The store, for the broadcast side (rules) of the same job.
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
     pub fn process(&mut self, event: &Event) -> Result<u64, ProcessError> {
         self.store.set_current_key(event.key.as_bytes())?;
         let n = self.count.value()?.unwrap_or(0) + 1;

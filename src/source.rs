@@ -21,8 +21,8 @@ pub type Offsets = BTreeMap<Partition, i64>;
 pub enum SourceError {
     #[error("kafka.bootstrap_servers: cannot reach the cluster at {servers} within {timeout:?}")]
     Unreachable { servers: String, timeout: Duration, source: KafkaError },
-    #[error("kafka.input_topics: topic `{0}` does not exist")]
-    MissingTopic(String),
+    #[error("{key}: topic `{topic}` does not exist")]
+    MissingTopic { key: &'static str, topic: String },
     #[error("kafka consumer: {0}")]
     Kafka(#[from] KafkaError),
     #[error(
@@ -66,8 +66,9 @@ impl Source {
         Ok(Self { consumer: cc.create_with_context(LogContext::default())?, group: config.kafka.app_id.clone(), timeout: config.kafka.connect_timeout })
     }
 
-    /// Every partition of the input topics, checking that the cluster answers at all.
-    pub fn partitions(&self, servers: &str, topics: &[String]) -> Result<Vec<Partition>, SourceError> {
+    /// Every partition of `topics` (named by config key `key`), checking that the
+    /// cluster answers at all.
+    pub fn partitions(&self, servers: &str, key: &'static str, topics: &[String]) -> Result<Vec<Partition>, SourceError> {
         let mut out = Vec::new();
         for topic in topics {
             let md = self.consumer.fetch_metadata(Some(topic), self.timeout).map_err(|source| {
@@ -78,7 +79,7 @@ impl Source {
                 Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
                     out.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
                 }
-                _ => return Err(SourceError::MissingTopic(topic.clone())),
+                _ => return Err(SourceError::MissingTopic { key, topic: topic.clone() }),
             }
         }
         out.sort();
@@ -123,7 +124,8 @@ impl Source {
         Ok(out)
     }
 
-    pub fn assign(&self, offsets: &Offsets) -> Result<(), SourceError> {
+    /// Assigns exactly these partitions (input and control) at these offsets.
+    pub fn assign<'a>(&self, offsets: impl IntoIterator<Item = (&'a Partition, &'a i64)>) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();
         for ((t, p), o) in offsets {
             tpl.add_partition_offset(t, *p, Offset::Offset(*o))?;

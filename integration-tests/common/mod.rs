@@ -249,6 +249,8 @@ pub struct Job {
     pub input: String,
     pub output: String,
     pub dlq: String,
+    /// Rules topic (1 partition); every job reads it, most tests leave it empty.
+    pub control: String,
     pub partitions: i32,
     pub admin: SocketAddr,
 }
@@ -261,11 +263,12 @@ impl Job {
             input: format!("{app_id}-in"),
             output: format!("{app_id}-out"),
             dlq: format!("{app_id}-dlq"),
+            control: format!("{app_id}-rules"),
             app_id,
             partitions,
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
         };
-        create_topics(&[(&job.input, partitions), (&job.output, partitions), (&job.dlq, 1)]);
+        create_topics(&[(&job.input, partitions), (&job.output, partitions), (&job.dlq, 1), (&job.control, 1)]);
         job
     }
 
@@ -289,6 +292,7 @@ app_id = "{app}"
 input_topics = ["{input}"]
 output_topic = "{output}"
 dead_letter_topic = "{dlq}"
+control_topic = "{control}"
 transaction_timeout = "30s"
 
 [job]
@@ -310,6 +314,7 @@ listen = "{admin}"
             input = self.input,
             output = self.output,
             dlq = self.dlq,
+            control = self.control,
             state = d.join("state").display(),
             admin = self.admin,
         );
@@ -521,7 +526,7 @@ pub fn check_exactly_once_ignoring(job: &Job, ignored: &[u8]) -> (usize, usize) 
     assert!(missing.is_empty(), "{} inputs have no output, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
 
     let mut dead: BTreeMap<(i32, i64), usize> = BTreeMap::new();
-    for r in &dlq {
+    for r in dlq.iter().filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.input)) {
         let p: i32 = r.headers["streamstate.source.partition"].parse().expect("partition header");
         let o: i64 = r.headers["streamstate.source.offset"].parse().expect("offset header");
         assert!(!r.headers["streamstate.error.reason"].is_empty(), "dead letter without a reason");
@@ -532,7 +537,7 @@ pub fn check_exactly_once_ignoring(job: &Job, ignored: &[u8]) -> (usize, usize) 
     }
     assert_eq!(dead.len(), bad.len(), "every bad record must reach the dead-letter topic");
     assert!(dead.values().all(|n| *n == 1), "a bad record was dead-lettered twice");
-    (output.len(), dlq.len())
+    (output.len(), dead.len())
 }
 
 pub fn wait_all_committed(job: &Job, service: &mut Service) {
@@ -549,4 +554,108 @@ pub fn kafka_rig(command: &str) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh");
     let status = Command::new(&script).arg(command).status().expect("run kafka.sh");
     assert!(status.success(), "kafka.sh {command} failed");
+}
+
+// ---------------------------------------------------------------- rules and their checker
+
+/// Control records for run `run`: new versions, a replayed older version, a malformed
+/// rule, a deletion by status and (every other run) a tombstone.
+pub fn rule_records(run: u64) -> Vec<(String, Option<String>)> {
+    let v = |id: &str, version: u64| Some(format!(r#"{{"id":"{id}","version":{version},"status":"active","kind":"count"}}"#));
+    let base = run * 10;
+    let mut out = vec![
+        ("r-a".to_string(), v("r-a", base + 2)),
+        ("r-b".to_string(), v("r-b", base + 1)),
+        ("r-a".to_string(), v("r-a", base + 1)),
+        ("r-c".to_string(), Some("{not json".to_string())),
+        ("r-c".to_string(), v("r-c", base + 3)),
+        ("r-d".to_string(), Some(format!(r#"{{"id":"r-d","version":{}}}"#, base + 1))),
+        ("r-d".to_string(), Some(format!(r#"{{"id":"r-d","version":{},"status":"deleted"}}"#, base + 2))),
+        ("r-e".to_string(), Some(format!(r#"{{"id":"other","version":{}}}"#, base + 5))),
+    ];
+    if run % 2 == 1 {
+        out.push(("r-b".to_string(), None));
+    }
+    out
+}
+
+pub fn produce_rules(topic: &str, records: &[(String, Option<String>)]) {
+    let p = producer();
+    for (k, v) in records {
+        let mut record = BaseRecord::<str, str>::to(topic).key(k.as_str());
+        if let Some(v) = v {
+            record = record.payload(v.as_str());
+        }
+        p.send(record).map_err(|(e, _)| e).expect("queue rule");
+    }
+    flush(&p);
+}
+
+/// The checker's own reading of the rule spec: id → (version, deleted), plus the
+/// offsets of records that must be rejected.
+pub fn rules_model(job: &Job) -> (BTreeMap<String, (u64, bool)>, Vec<i64>) {
+    let mut rules: BTreeMap<String, (u64, bool)> = BTreeMap::new();
+    let mut rejected = Vec::new();
+    let mut records = read_all(&job.control, true);
+    records.sort_by_key(|r| r.offset);
+    for r in records {
+        let id = String::from_utf8(r.key.clone().unwrap_or_default()).expect("utf-8 id");
+        let Some(value) = r.value.as_deref().filter(|v| !v.is_empty()) else {
+            if let Some(rule) = rules.get_mut(&id) {
+                rule.1 = true;
+            }
+            continue;
+        };
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(value).ok();
+        let valid = parsed.as_ref().and_then(|v| {
+            let same_id = v.get("id")?.as_str()? == id;
+            let version = v.get("version")?.as_u64()?;
+            let deleted = match v.get("status").map(|s| s.as_str()) {
+                None | Some(Some("active")) => false,
+                Some(Some("deleted")) => true,
+                _ => return None,
+            };
+            same_id.then_some((version, deleted))
+        });
+        match valid {
+            None => rejected.push(r.offset),
+            Some((version, deleted)) => {
+                if rules.get(&id).is_none_or(|(applied, _)| version > *applied) {
+                    rules.insert(id, (version, deleted));
+                }
+            }
+        }
+    }
+    (rules, rejected)
+}
+
+/// `GET /rules` as id → (version, deleted).
+pub fn rules_served(admin: SocketAddr) -> Option<BTreeMap<String, (u64, bool)>> {
+    let (status, body) = http("GET", admin, "/rules").ok()?;
+    if status != 200 {
+        return None;
+    }
+    let list: Vec<serde_json::Value> = serde_json::from_str(&body).ok()?;
+    list.iter()
+        .map(|r| Some((r["id"].as_str()?.to_string(), (r["version"].as_u64()?, r["status"].as_str()? == "deleted"))))
+        .collect()
+}
+
+/// Waits until the running service serves exactly the model's rules, then checks that
+/// every rejected rule reached the dead-letter topic exactly once.
+pub fn check_rules(job: &Job, service: &mut Service) {
+    let (model, rejected) = rules_model(job);
+    let mut last = None;
+    wait_until("the served rules to equal the model", Duration::from_secs(60), || {
+        service.assert_running();
+        last = rules_served(job.admin);
+        last.as_ref() == Some(&model)
+    });
+    let mut dead: Vec<i64> = read_all(&job.dlq, true)
+        .iter()
+        .filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.control))
+        .map(|r| r.headers["streamstate.source.offset"].parse().expect("offset header"))
+        .collect();
+    dead.sort_unstable();
+    assert_eq!(dead, rejected, "each rejected rule exactly once in the dead-letter topic");
 }

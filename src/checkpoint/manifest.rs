@@ -67,6 +67,10 @@ pub struct Manifest {
     pub created_at_ms: u64,
     /// Next offset to read per input partition: the source's operator list state.
     pub offsets: Vec<PartitionOffset>,
+    /// Next offset to read per control-topic partition; the rules they produced are in
+    /// the state's broadcast state.
+    #[serde(default)]
+    pub control_offsets: Vec<PartitionOffset>,
     /// The state layer's own description of its files (sizes, SHA-256, key groups).
     pub state: SnapshotResult,
 }

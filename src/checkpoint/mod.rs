@@ -142,6 +142,7 @@ pub(crate) mod suite {
             instance: 0,
             created_at_ms: 0,
             offsets: vec![PartitionOffset { topic: "t".into(), partition: 0, offset: 7 }],
+            control_offsets: vec![],
             state: SnapshotResult {
                 format_version: 1,
                 checkpoint_id: c.id,

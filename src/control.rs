@@ -1,0 +1,288 @@
+//! Rules from the control topic, kept in broadcast state.
+//!
+//! Every instance reads every control partition from its checkpointed offsets, so all
+//! instances hold the same rules and a restore brings back exactly the rules that were
+//! in force at the checkpoint. Record key = rule id, value = rule JSON; a tombstone or
+//! `"status": "deleted"` removes the rule. A version at or below the applied one is
+//! ignored, so replays and reordered publishes cannot roll a rule back. A rejected rule
+//! leaves the last good version in force.
+//!
+//! This module owns versioning and storage; what a rule *means* is the rule engine's.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use streamstate_state::{BroadcastContext, BroadcastState, MapStateDescriptor, StateError, StateStore};
+
+use crate::decode::{DecodeError, parse_json};
+
+/// Rules larger than this are refused; a rule is configuration, not data.
+pub const MAX_RULE_BYTES: usize = 64 * 1024;
+
+/// One rule as kept in broadcast state (and so in every checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredRule {
+    pub version: u64,
+    /// `None` once deleted: the version stays so older publishes cannot resurrect it.
+    pub body: Option<String>,
+    pub applied_at_ms: u64,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// What `GET /rules` shows; refreshed by the job loop, read by the admin server.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleView {
+    pub id: String,
+    pub version: u64,
+    pub status: &'static str,
+    pub applied_at_ms: u64,
+    pub control_partition: i32,
+    pub control_offset: i64,
+    pub rule: Value,
+}
+
+pub type RulesView = Arc<RwLock<BTreeMap<String, RuleView>>>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleOutcome {
+    Applied { id: String, version: u64 },
+    Deleted { id: String },
+    /// Not newer than the applied version.
+    Ignored { id: String, version: u64, applied: u64 },
+    Rejected(RuleRejection),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleRejection {
+    #[error("control record has no key (the rule id)")]
+    NoKey,
+    #[error("rule id (record key) is not UTF-8")]
+    KeyNotUtf8,
+    #[error(transparent)]
+    Json(#[from] DecodeError),
+    #[error("rule is not a JSON object")]
+    NotObject,
+    #[error("rule field `id` ({id:?}) differs from the record key {key:?}")]
+    IdMismatch { key: String, id: String },
+    #[error("rule field `version` must be a non-negative integer")]
+    BadVersion,
+    #[error("rule field `status` must be \"active\" or \"deleted\"")]
+    BadStatus,
+}
+
+impl RuleRejection {
+    /// Fixed label for metrics and the dead-letter reason header.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoKey => "rule_no_key",
+            Self::KeyNotUtf8 => "rule_key_not_utf8",
+            Self::Json(e) => e.reason(),
+            Self::NotObject => "rule_not_object",
+            Self::IdMismatch { .. } => "rule_id_mismatch",
+            Self::BadVersion => "rule_bad_version",
+            Self::BadStatus => "rule_bad_status",
+        }
+    }
+}
+
+pub struct Rules {
+    state: BroadcastState<String, StoredRule>,
+    view: RulesView,
+}
+
+impl Rules {
+    /// Binds to the store's `rules` broadcast state (written only from here); `view` is
+    /// what the admin server reads.
+    pub fn new(store: &StateStore, view: RulesView) -> Self {
+        let state = BroadcastContext::new(store).broadcast_state(&MapStateDescriptor::<String, StoredRule>::new("rules"));
+        Self { state, view }
+    }
+
+    pub fn view(&self) -> RulesView {
+        self.view.clone()
+    }
+
+    /// Applies one control record. Errors are only state-layer failures; a bad rule is
+    /// an outcome, not an error.
+    pub fn apply(
+        &self,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        partition: i32,
+        offset: i64,
+        now_ms: u64,
+    ) -> Result<RuleOutcome, StateError> {
+        let parsed = match parse(key, payload) {
+            Ok(p) => p,
+            Err(r) => return Ok(RuleOutcome::Rejected(r)),
+        };
+        let id = parsed.id;
+        let applied = self.state.get(&id)?;
+        let outcome = match (parsed.version, applied) {
+            // A tombstone removes whatever version is in force.
+            (None, Some(current)) => {
+                let stored = StoredRule { body: None, applied_at_ms: now_ms, partition, offset, ..current };
+                crate::crash_point!("apply-rule");
+                self.state.put(&id, &stored)?;
+                RuleOutcome::Deleted { id }
+            }
+            (None, None) => RuleOutcome::Deleted { id },
+            (Some(v), Some(current)) if v <= current.version => {
+                RuleOutcome::Ignored { id, version: v, applied: current.version }
+            }
+            (Some(version), _) => {
+                let stored = StoredRule { version, body: parsed.body, applied_at_ms: now_ms, partition, offset };
+                crate::crash_point!("apply-rule");
+                self.state.put(&id, &stored)?;
+                if stored_is_deleted(&stored) { RuleOutcome::Deleted { id } } else { RuleOutcome::Applied { id, version } }
+            }
+        };
+        self.refresh_view()?;
+        Ok(outcome)
+    }
+
+    /// Rules in force (not deleted).
+    pub fn active(&self) -> Result<usize, StateError> {
+        Ok(self.state.entries()?.iter().filter(|(_, r)| !stored_is_deleted(r)).count())
+    }
+
+    /// Rebuilds the admin view from broadcast state (after a restore or rewind).
+    pub fn refresh_view(&self) -> Result<(), StateError> {
+        let mut view = BTreeMap::new();
+        for (id, r) in self.state.entries()? {
+            let rule = r.body.as_deref().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+            let status = if stored_is_deleted(&r) { "deleted" } else { "active" };
+            view.insert(
+                id.clone(),
+                RuleView {
+                    id,
+                    version: r.version,
+                    status,
+                    applied_at_ms: r.applied_at_ms,
+                    control_partition: r.partition,
+                    control_offset: r.offset,
+                    rule,
+                },
+            );
+        }
+        if let Ok(mut v) = self.view.write() {
+            *v = view;
+        }
+        Ok(())
+    }
+}
+
+fn stored_is_deleted(r: &StoredRule) -> bool {
+    r.body.is_none()
+}
+
+struct Parsed {
+    id: String,
+    /// `None` for a tombstone.
+    version: Option<u64>,
+    /// `None` when the rule says `"status": "deleted"`.
+    body: Option<String>,
+}
+
+fn parse(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Parsed, RuleRejection> {
+    let key = key.filter(|k| !k.is_empty()).ok_or(RuleRejection::NoKey)?;
+    let id = std::str::from_utf8(key).map_err(|_| RuleRejection::KeyNotUtf8)?.to_string();
+    let Some(payload) = payload.filter(|p| !p.is_empty()) else {
+        return Ok(Parsed { id, version: None, body: None });
+    };
+    let value = parse_json(Some(payload), MAX_RULE_BYTES)?;
+    let obj = value.as_object().ok_or(RuleRejection::NotObject)?;
+    match obj.get("id").and_then(Value::as_str) {
+        Some(body_id) if body_id == id => {}
+        other => return Err(RuleRejection::IdMismatch { key: id, id: other.unwrap_or_default().to_string() }),
+    }
+    let version = obj.get("version").and_then(Value::as_u64).ok_or(RuleRejection::BadVersion)?;
+    let deleted = match obj.get("status").map(|s| s.as_str()) {
+        None | Some(Some("active")) => false,
+        Some(Some("deleted")) => true,
+        Some(_) => return Err(RuleRejection::BadStatus),
+    };
+    let body = (!deleted).then(|| value.to_string());
+    Ok(Parsed { id, version: Some(version), body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use streamstate_state::{BackendKind, StoreConfig};
+
+    fn rules() -> (tempfile::TempDir, StateStore, Rules) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = StateStore::open(StoreConfig::new(BackendKind::Hashmap, dir.path(), 4)).expect("store");
+        let rules = Rules::new(&store, RulesView::default());
+        (dir, store, rules)
+    }
+
+    fn apply(r: &Rules, key: &str, body: Option<&str>) -> RuleOutcome {
+        r.apply(Some(key.as_bytes()), body.map(str::as_bytes), 0, 0, 0).expect("apply")
+    }
+
+    #[test]
+    fn newer_versions_apply_and_older_ones_are_ignored() {
+        let (_d, _s, r) = rules();
+        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":2}"#)), RuleOutcome::Applied { id: "a".into(), version: 2 });
+        assert_eq!(
+            apply(&r, "a", Some(r#"{"id":"a","version":2,"x":1}"#)),
+            RuleOutcome::Ignored { id: "a".into(), version: 2, applied: 2 }
+        );
+        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":3}"#)), RuleOutcome::Applied { id: "a".into(), version: 3 });
+        assert_eq!(r.view().read().expect("view")["a"].version, 3);
+        assert_eq!(r.active().expect("active"), 1);
+    }
+
+    #[test]
+    fn deletion_keeps_the_version_so_old_publishes_cannot_resurrect() {
+        let (_d, _s, r) = rules();
+        apply(&r, "a", Some(r#"{"id":"a","version":1}"#));
+        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":2,"status":"deleted"}"#)), RuleOutcome::Deleted { id: "a".into() });
+        assert!(matches!(apply(&r, "a", Some(r#"{"id":"a","version":1}"#)), RuleOutcome::Ignored { .. }));
+        assert_eq!(r.active().expect("active"), 0);
+        apply(&r, "b", Some(r#"{"id":"b","version":1}"#));
+        assert_eq!(apply(&r, "b", None), RuleOutcome::Deleted { id: "b".into() });
+        assert_eq!(r.active().expect("active"), 0);
+        assert_eq!(r.view().read().expect("view")["b"].status, "deleted");
+    }
+
+    #[test]
+    fn bad_rules_are_rejected_with_a_reason_and_leave_the_last_good_version() {
+        let (_d, _s, r) = rules();
+        apply(&r, "a", Some(r#"{"id":"a","version":1}"#));
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let huge = format!(r#"{{"id":"a","version":9,"pad":"{}"}}"#, "x".repeat(MAX_RULE_BYTES));
+        for (body, reason) in [
+            ("{nope", "invalid_json"),
+            ("[1,2]", "rule_not_object"),
+            (r#"{"id":"b","version":5}"#, "rule_id_mismatch"),
+            (r#"{"id":"a","version":-1}"#, "rule_bad_version"),
+            (r#"{"id":"a","version":5,"status":"paused"}"#, "rule_bad_status"),
+            (deep.as_str(), "too_deep"),
+            (huge.as_str(), "too_large"),
+        ] {
+            match apply(&r, "a", Some(body)) {
+                RuleOutcome::Rejected(rej) => assert_eq!(rej.reason(), reason, "{body:.40}"),
+                other => panic!("{body:.40} must be rejected, got {other:?}"),
+            }
+        }
+        assert!(matches!(r.apply(None, Some(b"{}"), 0, 0, 0).expect("apply"), RuleOutcome::Rejected(RuleRejection::NoKey)));
+        assert_eq!(r.view().read().expect("view")["a"].version, 1);
+    }
+
+    #[test]
+    fn rules_survive_snapshot_and_restore() {
+        let (d, store, r) = rules();
+        apply(&r, "a", Some(r#"{"id":"a","version":4}"#));
+        let snap = store.snapshot(1, &d.path().join("snap")).expect("snapshot");
+        apply(&r, "a", Some(r#"{"id":"a","version":5}"#));
+        store.restore(&[(d.path().join("snap"), snap)]).expect("restore");
+        r.refresh_view().expect("view");
+        assert_eq!(r.view().read().expect("view")["a"].version, 4);
+    }
+}
