@@ -1,6 +1,7 @@
 //! The broker goes away and comes back (the rig's own stop/start) while records flow:
 //! the service rides it out by itself, output stays exactly-once, and no transaction is
-//! left hanging. Its own test binary, because it bounces the broker every test shares.
+//! left hanging. Its own test binary, because it bounces the broker every test shares; the
+//! two storage variants run one after the other for the same reason.
 
 mod common;
 
@@ -10,12 +11,30 @@ use common::*;
 
 #[test]
 fn broker_restart_mid_run_is_survived_without_duplicates_or_hanging_transactions() {
+    broker_restart(Storage::File);
+}
+
+#[test]
+fn broker_restart_mid_run_is_survived_without_duplicates_or_hanging_transactions_on_s3_storage() {
+    broker_restart(Storage::S3);
+}
+
+/// One bounce at a time: the two variants share the broker.
+static BROKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn broker_restart(storage: Storage) {
+    let _one_at_a_time = BROKER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let job = Job::new("broker-restart", 4);
-    job.write_config("300ms", "");
+    let env = configure(&job, storage, "300ms");
+    // The defaults' proportions (commit waits up to 40 s, transactions live 60 s): a broker
+    // restart plus its transaction-coordinator load can take well over 15 s on 2 busy cores.
+    let config = std::fs::read_to_string(job.config_path()).expect("config");
+    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"60s\"").replace("timeout = \"15s\"", "timeout = \"40s\"");
+    std::fs::write(job.config_path(), config).expect("write config");
     let evs = events(12_000, 5, 31);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_500)));
-    let mut service = job.spawn();
+    let mut service = spawn(&job, &env, &[]);
     wait_until("some input committed", Duration::from_secs(60), || {
         service.assert_running();
         job.committed() >= 2_000

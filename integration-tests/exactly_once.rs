@@ -13,35 +13,6 @@ use rand::Rng;
 
 const SIGABRT: i32 = 6;
 
-/// Every recovery test runs on both kinds of checkpoint storage.
-#[derive(Clone, Copy)]
-enum Storage {
-    File,
-    S3,
-}
-
-/// Writes the job's config for `storage`; returns the environment the service needs.
-fn configure(job: &Job, storage: Storage, interval: &str) -> Vec<(String, String)> {
-    match storage {
-        Storage::File => {
-            job.write_config(interval, "");
-            Vec::new()
-        }
-        Storage::S3 => {
-            let bucket = unique("eo");
-            create_s3_bucket(&bucket);
-            job.write_config_with_storage(interval, &format!("s3://{bucket}/ckpt"), "");
-            s3_env()
-        }
-    }
-}
-
-fn spawn(job: &Job, env: &[(String, String)], extra: &[(&str, &str)]) -> Service {
-    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    all.extend_from_slice(extra);
-    job.spawn_with(&[], &all)
-}
-
 /// Five crash/restart cycles at `failpoint`, each after `skip` harmless hits, with new
 /// input before each; then a clean run finishes the input and the checker runs.
 fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32) {

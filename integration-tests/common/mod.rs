@@ -659,3 +659,35 @@ pub fn check_rules(job: &Job, service: &mut Service) {
     dead.sort_unstable();
     assert_eq!(dead, rejected, "each rejected rule exactly once in the dead-letter topic");
 }
+
+// ---------------------------------------------------------------- storage choice
+
+/// Every recovery test runs on both kinds of checkpoint storage.
+#[derive(Clone, Copy)]
+pub enum Storage {
+    File,
+    S3,
+}
+
+/// Writes the job's config for `storage`; returns the environment the service needs.
+pub fn configure(job: &Job, storage: Storage, interval: &str) -> Vec<(String, String)> {
+    match storage {
+        Storage::File => {
+            job.write_config(interval, "");
+            Vec::new()
+        }
+        Storage::S3 => {
+            let bucket = unique("eo");
+            create_s3_bucket(&bucket);
+            job.write_config_with_storage(interval, &format!("s3://{bucket}/ckpt"), "");
+            s3_env()
+        }
+    }
+}
+
+pub fn spawn(job: &Job, env: &[(String, String)], extra: &[(&str, &str)]) -> Service {
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    all.extend_from_slice(extra);
+    job.spawn_with(&[], &all)
+}
+

@@ -113,14 +113,24 @@ impl<T: StateValue> OperatorListState<T> {
     }
 }
 
-/// Read-only access to a broadcast map: all the keyed side may do. It has no
-/// mutating methods, so this does not compile:
+/// Read-only access to a broadcast map: all the keyed side may do. Reading compiles:
+///
+/// ```
+/// # use streamstate_state::*;
+/// fn keyed_side(store: &StateStore) -> Result<Option<String>> {
+///     let ctx = KeyedContext::new(store);
+///     ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).get(&"k".into())
+/// }
+/// ```
+///
+/// It has no mutating methods, so the same code writing does not compile:
 ///
 /// ```compile_fail
 /// # use streamstate_state::*;
-/// # let store: StateStore = todo!();
-/// let ctx = KeyedContext::new(&store);
-/// ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"k".into(), &"v".into());
+/// fn keyed_side(store: &StateStore) -> Result<()> {
+///     let ctx = KeyedContext::new(store);
+///     ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"k".into(), &"v".into())
+/// }
 /// ```
 #[derive(Clone)]
 pub struct ReadOnlyBroadcastState<K, V> {
