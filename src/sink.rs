@@ -118,12 +118,16 @@ impl Sink {
         op: impl Fn(&ThreadedProducer<LogContext>, Duration) -> Result<(), KafkaError>,
     ) -> Result<(), SinkError> {
         let deadline = Instant::now() + self.timeout;
+        // At least one retry even past the deadline: a process paused during the call
+        // (a zombie) must hear from the broker, e.g. that it was fenced, before it gives up.
+        let mut attempts = 0u32;
         loop {
+            attempts = attempts.saturating_add(1);
             let left = deadline.saturating_duration_since(Instant::now());
-            match op(&self.producer, left.max(Duration::from_millis(100))) {
+            match op(&self.producer, left.max(Duration::from_secs(1))) {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::Transaction(e)) if e.is_retriable() && !e.is_fatal() => {
-                    if Instant::now() >= deadline {
+                    if attempts > 1 && Instant::now() >= deadline {
                         let last = KafkaError::Transaction(e);
                         return Err(SinkError::TimedOut { what, timeout: self.timeout, last });
                     }

@@ -200,9 +200,11 @@ pub fn read_all(topic: &str, read_committed: bool) -> Vec<Record> {
     out
 }
 
-/// Sum of the group's committed offsets over the topic's partitions.
+/// Sum of the group's committed offsets over the topic's partitions; 0 while the broker
+/// does not answer. Read without `require_stable` (read_uncommitted), so an open
+/// transaction's pending offsets neither count nor make the call wait.
 pub fn committed_total(group: &str, topic: &str, partitions: i32) -> i64 {
-    let c = consumer(Some(group), true);
+    let c = consumer(Some(group), false);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);

@@ -10,8 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{
-    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, WriteStats,
-    is_safe_path, is_shared,
+    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats, is_shared,
 };
 
 const MANIFEST: &str = "manifest.json";
@@ -108,17 +107,7 @@ impl CheckpointStorage for FsStorage {
         let path = dir.join(MANIFEST);
         let bad = |reason: String| CheckpointError::BadManifest { name: c.to_string(), path: path.clone(), reason };
         let bytes = fs::read(&path).map_err(|e| bad(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        if manifest.format_version != FORMAT_VERSION {
-            return Err(bad(format!("format version {} is not {FORMAT_VERSION}", manifest.format_version)));
-        }
-        if manifest.checkpoint != *c {
-            return Err(bad(format!("names checkpoint {}", manifest.checkpoint)));
-        }
-        if let Some(f) = manifest.state.files.iter().find(|f| !is_safe_path(&f.path)) {
-            return Err(bad(format!("file path {:?} escapes the checkpoint", f.path)));
-        }
-        Ok(manifest)
+        Manifest::parse(&bytes, c).map_err(bad)
     }
 
     fn fetch(&self, manifest: &Manifest, into: &Path) -> Result<(), CheckpointError> {

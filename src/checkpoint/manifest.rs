@@ -83,6 +83,24 @@ pub struct PartitionOffset {
     pub offset: i64,
 }
 
+impl Manifest {
+    /// Parses and checks a stored manifest for `expected`; the error is the reason only,
+    /// each storage adds where the manifest lives.
+    pub fn parse(bytes: &[u8], expected: &CheckpointRef) -> Result<Self, String> {
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(format!("format version {} is not {FORMAT_VERSION}", manifest.format_version));
+        }
+        if manifest.checkpoint != *expected {
+            return Err(format!("names checkpoint {}", manifest.checkpoint));
+        }
+        if let Some(f) = manifest.state.files.iter().find(|f| !is_safe_path(&f.path)) {
+            return Err(format!("file path {:?} escapes the checkpoint", f.path));
+        }
+        Ok(manifest)
+    }
+}
+
 /// Immutable RocksDB SST files are stored once under `shared/<sha256>` and referenced by
 /// every checkpoint that contains them: that is what makes checkpoints incremental.
 pub fn is_shared(path: &str) -> bool {

@@ -37,8 +37,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 
 use super::{
-    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, WriteStats,
-    is_safe_path, is_shared,
+    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats, is_shared,
 };
 
 const MANIFEST: &str = "manifest.json";
@@ -314,17 +313,7 @@ impl S3Storage {
             path: PathBuf::from(self.url(&key)),
             reason,
         };
-        let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        if manifest.format_version != FORMAT_VERSION {
-            return Err(bad(format!("format version {} is not {FORMAT_VERSION}", manifest.format_version)));
-        }
-        if manifest.checkpoint != *c {
-            return Err(bad(format!("names checkpoint {}", manifest.checkpoint)));
-        }
-        if let Some(f) = manifest.state.files.iter().find(|f| !is_safe_path(&f.path)) {
-            return Err(bad(format!("file path {:?} escapes the checkpoint", f.path)));
-        }
-        Ok(manifest)
+        Manifest::parse(&bytes, c).map_err(bad)
     }
 
     async fn fetch_async(&self, manifest: &Manifest, into: &LocalPath) -> Result<(), CheckpointError> {
