@@ -50,4 +50,4 @@ trap '"$kafka" stop || "$kafka" kill || true; "$moto" stop || true' EXIT
 export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"
-cargo test --release --workspace --locked "${features[@]}" --test '*' -- --test-threads=2
+cargo test --release --workspace --locked --no-fail-fast "${features[@]}" --test '*' -- --test-threads=2

@@ -99,11 +99,13 @@ pub fn create_topics(topics: &[(&str, i32)]) {
     }
 }
 
-/// A producer that partitions keys like the Java client (murmur2), as upstream apps would.
+/// A producer that partitions keys like the Java client (murmur2), as upstream apps would;
+/// idempotent, so a broker restart does not duplicate the test's input.
 pub fn producer() -> BaseProducer {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()
         .expect("producer")
