@@ -189,13 +189,13 @@ impl Job {
             if self.control.shutdown.load(Ordering::SeqCst) {
                 self.control.ready.store(false, Ordering::SeqCst);
                 match self.checkpoint() {
+                    Ok(()) => info!("final checkpoint committed; shutting down"),
                     Err(JobError::Sink(SinkError::Abortable(e))) => {
                         warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
                         self.pipeline.sink.abort()?;
                     }
-                    other => other?,
+                    Err(e) => return Err(e),
                 }
-                info!("final checkpoint committed; shutting down");
                 return Ok(());
             }
             let now = Instant::now();
