@@ -155,7 +155,7 @@ impl Job {
         let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
         if let Some(rules) = &rules {
             rules.refresh_view()?;
-            metrics.rules_active.set(rules.active()? as i64);
+            metrics.rules_active.set(rules.active() as i64);
         }
         let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
@@ -254,7 +254,7 @@ impl Job {
         self.source.assign(p.offsets.iter().chain(&p.control_offsets))?;
         if let Some(rules) = &p.rules {
             rules.refresh_view()?;
-            p.metrics.rules_active.set(rules.active()? as i64);
+            p.metrics.rules_active.set(rules.active() as i64);
         }
         info!(checkpoint = ?self.last_committed.as_ref().map(ToString::to_string), "rewound to the last committed checkpoint");
         Ok(())
@@ -347,7 +347,7 @@ impl Pipeline {
                 }
             };
             self.metrics.rule_updates.with_label_values(&[label]).inc();
-            self.metrics.rules_active.set(rules.active()? as i64);
+            self.metrics.rules_active.set(rules.active() as i64);
             self.control_offsets.insert((topic.to_string(), partition), offset + 1);
             return Ok(());
         }
