@@ -152,6 +152,23 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// A credential: deserializes from a plain string, never prints.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
 /// Parsed `checkpoint.storage`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageLocation {
@@ -165,11 +182,22 @@ pub struct AdminConfig {
     /// Address of the admin HTTP server (health, metrics, checkpoints).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Bearer token that mutating endpoints require. Prefer
+    /// `STREAMSTATE__ADMIN__TOKEN` or `token_file` to writing it here; never logged.
+    #[serde(default, skip_serializing)]
+    pub token: Option<Secret>,
+    /// File holding the token (a mounted Secret); surrounding whitespace is ignored.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// Serve a non-loopback `listen` address without a token. Off by default: anyone who
+    /// reaches the port could trigger checkpoints or stop the job.
+    #[serde(default)]
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { listen: default_admin_listen() }
+        Self { listen: default_admin_listen(), token: None, token_file: None, allow_unauthenticated: false }
     }
 }
 
@@ -261,7 +289,40 @@ impl Config {
             return invalid("state.max_parallelism", "must be between 1 and 32768");
         }
         self.checkpoint_location()?;
+        if self.admin.token.is_some() && self.admin.token_file.is_some() {
+            return invalid("admin.token_file", "set either admin.token or admin.token_file, not both");
+        }
+        if !self.admin.listen.ip().is_loopback()
+            && self.admin.token.is_none()
+            && self.admin.token_file.is_none()
+            && !self.admin.allow_unauthenticated
+        {
+            return invalid(
+                "admin.listen",
+                "is not a loopback address but no admin.token or admin.token_file is set; set one, or \
+                 admin.allow_unauthenticated = true if the network is trusted",
+            );
+        }
+        self.admin_token()?;
         Ok(())
+    }
+
+    /// The admin bearer token, read from `admin.token_file` when that is set.
+    pub fn admin_token(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(path) = &self.admin.token_file {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                key: "admin.token_file",
+                reason: format!("cannot read {}: {e}", path.display()),
+            })?;
+            return match text.trim() {
+                "" => Err(ConfigError::Invalid { key: "admin.token_file", reason: format!("{} is empty", path.display()) }),
+                t => Ok(Some(Secret(t.to_string()))),
+            };
+        }
+        match &self.admin.token {
+            Some(t) if t.0.trim().is_empty() => Err(ConfigError::Invalid { key: "admin.token", reason: "must not be empty".into() }),
+            other => Ok(other.clone()),
+        }
     }
 
     /// Where `checkpoint.storage` points.
@@ -366,13 +427,44 @@ key = "/user"
     }
 
     #[test]
+    fn refuses_public_admin_listener_without_a_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let open = format!("{MINIMAL}\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
+        let err = Config::load(&write(&dir, &open)).expect_err("must fail");
+        assert!(err.to_string().contains("admin.listen"), "{err}");
+        Config::load(&write(&dir, &format!("{open}allow_unauthenticated = true\n"))).expect("explicitly allowed");
+        let c = Config::load(&write(&dir, &format!("{open}token = \"s3cr3t\"\n"))).expect("token set");
+        assert_eq!(c.admin_token().expect("token").as_ref().map(Secret::expose), Some("s3cr3t"));
+        assert!(!format!("{c:?}").contains("s3cr3t"), "the token must never print");
+    }
+
+    #[test]
+    fn reads_the_admin_token_from_a_file_and_refuses_an_empty_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "abc\n").expect("write");
+        let body = format!("{MINIMAL}\n[admin]\ntoken_file = \"{}\"\n", token.display());
+        let c = Config::load(&write(&dir, &body)).expect("load");
+        assert_eq!(c.admin_token().expect("token").as_ref().map(Secret::expose), Some("abc"));
+        std::fs::write(&token, " \n").expect("write");
+        let err = Config::load(&write(&dir, &body)).expect_err("empty token file");
+        assert!(err.to_string().contains("admin.token_file"), "{err}");
+    }
+
+    #[test]
     fn every_shipped_example_in_config_dir_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
         let mut loaded = 0;
+        // The container's token file is a mounted Secret; stand in a real one for the test.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let token = tmp.path().join("admin-token");
+        std::fs::write(&token, "t0ken").expect("write token");
         for entry in std::fs::read_dir(&dir).expect("config dir") {
             let path = entry.expect("entry").path();
             if path.extension().is_some_and(|e| e == "toml") {
-                Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let text = std::fs::read_to_string(&path).expect("read");
+                let text = text.replace("/etc/streamstate/secrets/admin-token", &token.display().to_string());
+                Config::load(&write(&tmp, &text)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 loaded += 1;
             }
         }
