@@ -97,6 +97,31 @@ pub struct JobConfig {
     /// This instance's ordinal; names its transactional id and checkpoint prefix.
     #[serde(default)]
     pub instance: u32,
+    /// The process function: `rules` (the built-in rule engine, driven by the control
+    /// topic) or `count` (a running count per key).
+    #[serde(default)]
+    pub function: FunctionKind,
+    /// JSON pointer to the event time (ms since the epoch as a number, or an RFC 3339
+    /// string). Set: windows and sequences run on event time and close on the watermark;
+    /// events older than the watermark go to the dead-letter topic. Unset: processing time.
+    #[serde(default)]
+    pub timestamp: Option<String>,
+    /// How far behind the newest event time of a partition its events may arrive.
+    #[serde(default = "default_max_out_of_orderness", with = "humantime_serde")]
+    pub max_out_of_orderness: Duration,
+    /// Per-key state of running (unwindowed) aggregates and sequences expires after this
+    /// long without an update. Unset: kept until the rule is deleted.
+    #[serde(default, with = "humantime_serde")]
+    pub state_ttl: Option<Duration>,
+}
+
+/// `[job] function`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FunctionKind {
+    #[default]
+    Rules,
+    Count,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,6 +238,9 @@ fn default_connect_timeout() -> Duration {
 fn default_max_record_bytes() -> usize {
     1024 * 1024
 }
+fn default_max_out_of_orderness() -> Duration {
+    Duration::from_secs(5)
+}
 fn default_max_key_bytes() -> usize {
     4096
 }
@@ -270,6 +298,11 @@ impl Config {
         }
         if !self.job.key.is_empty() && !self.job.key.starts_with('/') {
             return invalid("job.key", "must be a JSON pointer starting with '/', e.g. \"/user_id\"");
+        }
+        if let Some(p) = &self.job.timestamp
+            && !p.starts_with('/')
+        {
+            return invalid("job.timestamp", "must be a JSON pointer starting with '/', e.g. \"/ts\"");
         }
         if self.checkpoint.interval < Duration::from_millis(10) {
             return invalid("checkpoint.interval", "must be at least 10ms");

@@ -7,7 +7,8 @@
 //! ignored, so replays and reordered publishes cannot roll a rule back. A rejected rule
 //! leaves the last good version in force.
 //!
-//! This module owns versioning and storage; what a rule *means* is the rule engine's.
+//! This module owns versioning and storage; what a rule *means* is the process
+//! function's, which sees each newer version first and may refuse it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -37,7 +38,8 @@ pub struct StoredRule {
 pub struct RuleView {
     pub id: String,
     pub version: u64,
-    pub status: &'static str,
+    /// `deleted`, or the rule's own `status` (`active` when it has none).
+    pub status: String,
     pub applied_at_ms: u64,
     pub control_partition: i32,
     pub control_offset: i64,
@@ -53,6 +55,8 @@ pub enum RuleOutcome {
     /// Not newer than the applied version.
     Ignored { id: String, version: u64, applied: u64 },
     Rejected(RuleRejection),
+    /// The process function refused the update (the rule engine: not valid rule language).
+    Refused { id: String, version: u64, reason: &'static str, message: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,7 +73,7 @@ pub enum RuleRejection {
     IdMismatch { key: String, id: String },
     #[error("rule field `version` must be a non-negative integer")]
     BadVersion,
-    #[error("rule field `status` must be \"active\" or \"deleted\"")]
+    #[error("rule field `status` must be a string")]
     BadStatus,
 }
 
@@ -105,9 +109,54 @@ impl Rules {
         self.view.clone()
     }
 
-    /// Applies one control record. Errors are only state-layer failures; a bad rule is
-    /// an outcome, not an error.
-    pub fn apply(
+    /// Checks one control record against the version in force. A newer version (or a
+    /// deletion) comes back as a [`Candidate`] for the process function to accept or
+    /// refuse; anything else is already an outcome. Errors are only state-layer failures;
+    /// a bad record is an outcome, not an error.
+    pub fn prepare(
+        &self,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        partition: i32,
+        offset: i64,
+        now_ms: u64,
+    ) -> Result<Result<Candidate, RuleOutcome>, StateError> {
+        let parsed = match parse(key, payload) {
+            Ok(p) => p,
+            Err(r) => return Ok(Err(RuleOutcome::Rejected(r))),
+        };
+        let id = parsed.id;
+        let applied = self.state.get(&id)?;
+        let stored = match (parsed.version, applied) {
+            // A tombstone removes whatever version is in force.
+            (None, Some(current)) => StoredRule { body: None, applied_at_ms: now_ms, partition, offset, ..current },
+            (None, None) => return Ok(Err(RuleOutcome::Deleted { id })),
+            (Some(v), Some(current)) if v <= current.version => {
+                return Ok(Err(RuleOutcome::Ignored { id, version: v, applied: current.version }));
+            }
+            (Some(version), _) => StoredRule {
+                version,
+                body: parsed.body.as_ref().map(Value::to_string),
+                applied_at_ms: now_ms,
+                partition,
+                offset,
+            },
+        };
+        Ok(Ok(Candidate { id, body: parsed.body, stored }))
+    }
+
+    /// Puts an accepted candidate in force.
+    pub fn commit(&self, candidate: Candidate) -> Result<RuleOutcome, StateError> {
+        let Candidate { id, stored, .. } = candidate;
+        crate::crash_point!("apply-rule");
+        self.state.put(&id, &stored)?;
+        self.refresh_view()?;
+        Ok(if stored_is_deleted(&stored) { RuleOutcome::Deleted { id } } else { RuleOutcome::Applied { id, version: stored.version } })
+    }
+
+    /// `prepare` then `commit`, for callers that accept every update.
+    #[cfg(test)]
+    fn apply(
         &self,
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
@@ -115,30 +164,15 @@ impl Rules {
         offset: i64,
         now_ms: u64,
     ) -> Result<RuleOutcome, StateError> {
-        let parsed = match parse(key, payload) {
-            Ok(p) => p,
-            Err(r) => return Ok(RuleOutcome::Rejected(r)),
-        };
-        let id = parsed.id;
-        let applied = self.state.get(&id)?;
-        let stored = match (parsed.version, applied) {
-            // A tombstone removes whatever version is in force.
-            (None, Some(current)) => StoredRule { body: None, applied_at_ms: now_ms, partition, offset, ..current },
-            (None, None) => return Ok(RuleOutcome::Deleted { id }),
-            (Some(v), Some(current)) if v <= current.version => {
-                return Ok(RuleOutcome::Ignored { id, version: v, applied: current.version });
-            }
-            (Some(version), _) => StoredRule { version, body: parsed.body, applied_at_ms: now_ms, partition, offset },
-        };
-        crate::crash_point!("apply-rule");
-        self.state.put(&id, &stored)?;
-        self.refresh_view()?;
-        Ok(if stored_is_deleted(&stored) { RuleOutcome::Deleted { id } } else { RuleOutcome::Applied { id, version: stored.version } })
+        match self.prepare(key, payload, partition, offset, now_ms)? {
+            Ok(c) => self.commit(c),
+            Err(outcome) => Ok(outcome),
+        }
     }
 
     /// Rules in force (not deleted), from the view the last change refreshed.
     pub fn active(&self) -> usize {
-        self.view.read().map_or(0, |v| v.values().filter(|r| r.status == "active").count())
+        self.view.read().map_or(0, |v| v.values().filter(|r| r.status != "deleted").count())
     }
 
     /// Rebuilds the admin view from broadcast state (after a restore or rewind).
@@ -146,7 +180,11 @@ impl Rules {
         let mut view = BTreeMap::new();
         for (id, r) in self.state.entries()? {
             let rule = r.body.as_deref().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
-            let status = if stored_is_deleted(&r) { "deleted" } else { "active" };
+            let status = match rule.get("status").and_then(Value::as_str) {
+                _ if stored_is_deleted(&r) => "deleted".to_string(),
+                Some(s) => s.to_string(),
+                None => "active".to_string(),
+            };
             view.insert(
                 id.clone(),
                 RuleView {
@@ -176,7 +214,22 @@ struct Parsed {
     /// `None` for a tombstone.
     version: Option<u64>,
     /// `None` when the rule says `"status": "deleted"`.
-    body: Option<String>,
+    body: Option<Value>,
+}
+
+/// A control update newer than the version in force, not yet applied.
+#[derive(Debug)]
+pub struct Candidate {
+    pub id: String,
+    /// The parsed rule; `None` deletes it.
+    pub body: Option<Value>,
+    stored: StoredRule,
+}
+
+impl Candidate {
+    pub fn version(&self) -> u64 {
+        self.stored.version
+    }
 }
 
 fn parse(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Parsed, RuleRejection> {
@@ -193,11 +246,12 @@ fn parse(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Parsed, RuleRejec
     }
     let version = obj.get("version").and_then(Value::as_u64).ok_or(RuleRejection::BadVersion)?;
     let deleted = match obj.get("status").map(|s| s.as_str()) {
-        None | Some(Some("active")) => false,
         Some(Some("deleted")) => true,
-        Some(_) => return Err(RuleRejection::BadStatus),
+        Some(None) => return Err(RuleRejection::BadStatus),
+        // Other statuses are the process function's to judge.
+        _ => false,
     };
-    let body = (!deleted).then(|| value.to_string());
+    let body = (!deleted).then_some(value);
     Ok(Parsed { id, version: Some(version), body })
 }
 
@@ -254,7 +308,7 @@ mod tests {
             ("[1,2]", "rule_not_object"),
             (r#"{"id":"b","version":5}"#, "rule_id_mismatch"),
             (r#"{"id":"a","version":-1}"#, "rule_bad_version"),
-            (r#"{"id":"a","version":5,"status":"paused"}"#, "rule_bad_status"),
+            (r#"{"id":"a","version":5,"status":7}"#, "rule_bad_status"),
             (deep.as_str(), "too_deep"),
             (huge.as_str(), "too_large"),
         ] {

@@ -28,6 +28,10 @@ pub enum DecodeError {
     KeyNotScalar(String),
     #[error("key of {size} bytes exceeds job.max_key_bytes ({max})")]
     KeyTooLarge { size: usize, max: usize },
+    #[error("event time field {0} is missing")]
+    MissingTimestamp(String),
+    #[error("event time field {0} is not ms since the epoch or an RFC 3339 time")]
+    BadTimestamp(String),
 }
 
 impl DecodeError {
@@ -42,6 +46,8 @@ impl DecodeError {
             Self::MissingKey(_) => "missing_key",
             Self::KeyNotScalar(_) => "key_not_scalar",
             Self::KeyTooLarge { .. } => "key_too_large",
+            Self::MissingTimestamp(_) => "missing_timestamp",
+            Self::BadTimestamp(_) => "bad_timestamp",
         }
     }
 }
@@ -51,6 +57,8 @@ impl DecodeError {
 pub struct Event {
     pub key: String,
     pub value: Value,
+    /// Event time (ms) when the decoder has a timestamp field.
+    pub timestamp_ms: Option<u64>,
 }
 
 /// Decoding rules fixed at start from `[job]`.
@@ -59,11 +67,18 @@ pub struct Decoder {
     key_pointer: String,
     max_record_bytes: usize,
     max_key_bytes: usize,
+    timestamp_pointer: Option<String>,
 }
 
 impl Decoder {
     pub fn new(key_pointer: &str, max_record_bytes: usize, max_key_bytes: usize) -> Self {
-        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes }
+        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes, timestamp_pointer: None }
+    }
+
+    /// Also extract event time from this JSON pointer; events without it are refused.
+    pub fn with_timestamp(mut self, pointer: Option<&str>) -> Self {
+        self.timestamp_pointer = pointer.map(str::to_string);
+        self
     }
 
     pub fn decode(&self, payload: Option<&[u8]>) -> Result<Event, DecodeError> {
@@ -77,7 +92,20 @@ impl Decoder {
         if key.len() > self.max_key_bytes {
             return Err(DecodeError::KeyTooLarge { size: key.len(), max: self.max_key_bytes });
         }
-        Ok(Event { key, value })
+        let timestamp_ms = match &self.timestamp_pointer {
+            None => None,
+            Some(p) => Some(match value.pointer(p) {
+                None | Some(Value::Null) => return Err(DecodeError::MissingTimestamp(p.clone())),
+                Some(Value::Number(n)) => n.as_u64().ok_or_else(|| DecodeError::BadTimestamp(p.clone()))?,
+                Some(Value::String(s)) => humantime::parse_rfc3339_weak(s)
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_millis() as u64)
+                    .ok_or_else(|| DecodeError::BadTimestamp(p.clone()))?,
+                Some(_) => return Err(DecodeError::BadTimestamp(p.clone())),
+            }),
+        };
+        Ok(Event { key, value, timestamp_ms })
     }
 }
 
@@ -150,6 +178,18 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         let d2 = Decoder::new("/user", 1 << 20, 16);
         assert_eq!(d2.decode(Some(deep.as_bytes())).map_err(|e| e.reason()), Err("too_deep"));
+    }
+
+    #[test]
+    fn reads_event_time_as_epoch_ms_or_rfc3339_and_refuses_anything_else() {
+        let d = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts"));
+        let ts = |p: &[u8]| d.decode(Some(p)).map(|e| e.timestamp_ms).map_err(|e| e.reason());
+        assert_eq!(ts(br#"{"user":"u","ts":1700000000123}"#), Ok(Some(1_700_000_000_123)));
+        assert_eq!(ts(br#"{"user":"u","ts":"2023-11-14T22:13:20.123Z"}"#), Ok(Some(1_700_000_000_123)));
+        assert_eq!(ts(br#"{"user":"u"}"#), Err("missing_timestamp"));
+        assert_eq!(ts(br#"{"user":"u","ts":-5}"#), Err("bad_timestamp"));
+        assert_eq!(ts(br#"{"user":"u","ts":"yesterday"}"#), Err("bad_timestamp"));
+        assert_eq!(ts(br#"{"user":"u","ts":[1]}"#), Err("bad_timestamp"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamstate::config::{
-    AdminConfig, CheckpointConfig, Config, JobConfig, KafkaConfig, StartOffsets, StateConfig,
+    AdminConfig, CheckpointConfig, Config, FunctionKind, JobConfig, KafkaConfig, StartOffsets, StateConfig,
 };
 use streamstate::job::Control;
 use streamstate::metrics::Metrics;
@@ -39,13 +39,22 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             consumer_properties: Default::default(),
             producer_properties: Default::default(),
         },
-        job: JobConfig { key: "/user_id".into(), max_record_bytes: 1 << 20, max_key_bytes: 4096, instance: 0 },
+        job: JobConfig {
+            key: "/user_id".into(),
+            max_record_bytes: 1 << 20,
+            max_key_bytes: 4096,
+            instance: 0,
+            function: FunctionKind::Count,
+            timestamp: None,
+            max_out_of_orderness: Duration::from_secs(5),
+            state_ttl: None,
+        },
         state: StateConfig { dir: work.join("state"), ..StateConfig::default() },
         checkpoint: CheckpointConfig {
             storage: format!("file://{}", work.join("checkpoints").display()),
             ..CheckpointConfig::default()
         },
-        admin: AdminConfig { listen: admin },
+        admin: AdminConfig { listen: admin, ..AdminConfig::default() },
     }
 }
 

@@ -12,17 +12,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
-use serde_json::json;
+use streamstate_state::{SnapshotResult, StateStore, StoreConfig};
 use tracing::{error, info, warn};
 
 use crate::checkpoint::{
     CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset, open_storage,
 };
 use crate::config::{Config, StartOffsets};
+use crate::config::FunctionKind;
 use crate::control::{RuleOutcome, Rules, RulesView};
 use crate::decode::Decoder;
+use crate::driver::{Driver, EventTime};
+use crate::function::{BroadcastUpdate, FunctionError, OutputRecord, ProcessFunction, SourceRef};
+use crate::functions::Count;
 use crate::metrics::Metrics;
-use crate::process::{CountJob, ProcessError};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
 
@@ -34,8 +37,8 @@ pub enum JobError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error(transparent)]
-    Process(#[from] ProcessError),
+    #[error("process function: {0}")]
+    Function(#[from] FunctionError),
     #[error("state: {0}")]
     State(#[from] streamstate_state::StateError),
     #[error("checkpoint {name}: offsets in its manifest differ from the group's committed offsets")]
@@ -90,7 +93,7 @@ struct Pipeline {
     metrics: Metrics,
     decoder: Decoder,
     sink: Sink,
-    state: CountJob,
+    state: Driver,
     offsets: Offsets,
     /// Present when `kafka.control_topic` is set.
     rules: Option<Rules>,
@@ -98,8 +101,24 @@ struct Pipeline {
 }
 
 impl Job {
-    /// Connects, fences the previous incarnation, and restores the committed checkpoint.
+    /// [`Job::start_with`] the built-in function `[job] function` names.
     pub fn start(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> Result<Self, JobError> {
+        let function: Box<dyn ProcessFunction> = match config.job.function {
+            FunctionKind::Count => Box::new(Count::default()),
+            FunctionKind::Rules => Box::new(crate::rules::RuleEngine::new(&config, metrics.clone())),
+        };
+        Self::start_with(config, metrics, control, options, function)
+    }
+
+    /// Connects, fences the previous incarnation, restores the committed checkpoint, and
+    /// opens `function` on the restored state.
+    pub fn start_with(
+        config: Config,
+        metrics: Metrics,
+        control: Arc<Control>,
+        options: StartOptions,
+        function: Box<dyn ProcessFunction>,
+    ) -> Result<Self, JobError> {
         let source = Source::new(&config)?;
         let servers = &config.kafka.bootstrap_servers;
         let parts = source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
@@ -123,11 +142,11 @@ impl Job {
             input: source.start_offsets(&parts, config.kafka.start_offsets)?,
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
-        let (state, manifest) = match committed {
+        let (store, manifest) = match committed {
             None => {
                 info!("no committed checkpoint: first start with empty state");
                 let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
-                (CountJob::fresh(&config, max_parallelism)?, None)
+                (fresh_store(&config, max_parallelism)?, None)
             }
             Some(c) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
@@ -150,6 +169,9 @@ impl Job {
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
+        let event_time =
+            EventTime { enabled: config.job.timestamp.is_some(), max_out_of_orderness: config.job.max_out_of_orderness };
+        let state = Driver::new(store, function, event_time)?;
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
         source.assign(offsets.iter().chain(&control_offsets))?;
         let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
@@ -158,7 +180,8 @@ impl Job {
             metrics.rules_active.set(rules.active() as i64);
         }
         let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
-        let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes);
+        let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes)
+            .with_timestamp(config.job.timestamp.as_deref());
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
@@ -181,6 +204,7 @@ impl Job {
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
     pub fn run(mut self) -> Result<(), JobError> {
         self.pipeline.sink.begin()?;
+        self.recover_abortable(|job| job.catch_up_control())?;
         self.control.ready.store(true, Ordering::SeqCst);
         let (interval, min_pause) = (self.pipeline.config.checkpoint.interval, self.pipeline.config.checkpoint.min_pause);
         let mut due = Instant::now() + interval;
@@ -206,12 +230,10 @@ impl Job {
                 continue;
             }
             let wait = (due - now).min(Duration::from_millis(100));
-            let Some(polled) = self.source.consumer().poll(wait) else {
-                continue;
-            };
-            let handled = match polled {
-                Ok(msg) => self.pipeline.handle(&msg),
-                Err(e) => {
+            let handled = match self.source.consumer().poll(wait) {
+                None => self.pipeline.fire_timers(),
+                Some(Ok(msg)) => self.pipeline.handle(&msg).and_then(|()| self.pipeline.fire_timers()),
+                Some(Err(e)) => {
                     warn!(error = %e, "consumer error (librdkafka retries by itself)");
                     Ok(())
                 }
@@ -221,6 +243,46 @@ impl Job {
                 self.pipeline.sink.begin()?;
             }
         }
+    }
+
+    /// Reads the control topic up to its end before any input, so the rules in force
+    /// when processing starts are all the rules published before it. Bounded by
+    /// `kafka.connect_timeout` (an open transaction on the control topic would otherwise
+    /// hold it forever); input then starts with what was read.
+    fn catch_up_control(&mut self) -> Result<(), JobError> {
+        let p = &mut self.pipeline;
+        if p.control_offsets.is_empty() {
+            return Ok(());
+        }
+        let ends = self.source.end_offsets(p.control_offsets.keys())?;
+        let behind = |positions: &crate::source::Offsets| {
+            ends.iter().any(|(part, end)| positions.get(part).copied().unwrap_or(0) < *end)
+        };
+        if behind(&p.control_offsets) {
+            self.source.assign(p.control_offsets.iter())?;
+            let deadline = Instant::now() + p.config.kafka.connect_timeout;
+            let mut read = 0usize;
+            while Instant::now() < deadline {
+                match self.source.consumer().poll(Duration::from_millis(100)) {
+                    Some(Ok(msg)) => {
+                        p.handle(&msg)?;
+                        read += 1;
+                    }
+                    Some(Err(e)) => warn!(error = %e, "consumer error while reading the control topic"),
+                    None => {}
+                }
+                if !behind(&self.source.positions()?) {
+                    break;
+                }
+            }
+            if behind(&self.source.positions()?) {
+                warn!(read, "control topic not read to its end within kafka.connect_timeout; starting input anyway");
+            } else {
+                info!(read, rules = p.rules.as_ref().map_or(0, Rules::active), "control topic read to its end");
+            }
+        }
+        self.source.assign(p.offsets.iter().chain(&p.control_offsets))?;
+        Ok(())
     }
 
     /// Runs `step`; if the transaction must be aborted, aborts it and rewinds state and
@@ -242,7 +304,8 @@ impl Job {
         let manifest = match &self.last_committed {
             Some(c) => {
                 let manifest = self.storage.read_manifest(c)?;
-                restore_into(&p.config, self.storage.as_ref(), &p.state, &manifest)?;
+                let state = &mut p.state;
+                restore_into(&p.config, self.storage.as_ref(), &manifest, |from| Ok(state.reset(Some(from))?))?;
                 Some(manifest)
             }
             None => {
@@ -322,46 +385,22 @@ impl Job {
 impl Pipeline {
     fn handle(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
-        if let Some(rules) = &self.rules
-            && self.config.kafka.control_topic.as_deref() == Some(topic)
-        {
-            let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            let outcome = rules.apply(msg.key(), msg.payload(), partition, offset, now_ms)?;
-            let label = match &outcome {
-                RuleOutcome::Applied { id, version } => {
-                    info!(rule = %id, version, "rule applied");
-                    "applied"
-                }
-                RuleOutcome::Deleted { id } => {
-                    info!(rule = %id, "rule deleted");
-                    "deleted"
-                }
-                RuleOutcome::Ignored { id, version, applied } => {
-                    info!(rule = %id, version, applied, "rule update ignored: not newer than the applied version");
-                    "ignored"
-                }
-                RuleOutcome::Rejected(why) => {
-                    warn!(partition, offset, reason = why.reason(), error = %why, "rule rejected; the last good version stays");
-                    self.dead_letter(msg, why.reason(), &why.to_string())?;
-                    "rejected"
-                }
-            };
-            self.metrics.rule_updates.with_label_values(&[label]).inc();
-            self.metrics.rules_active.set(rules.active() as i64);
+        if self.config.kafka.control_topic.as_deref() == Some(topic) {
+            self.handle_control(msg)?;
             self.control_offsets.insert((topic.to_string(), partition), offset + 1);
             return Ok(());
         }
         let partition_label = partition.to_string();
         self.metrics.records_consumed.with_label_values(&[topic, &partition_label]).inc();
-        let source = json!({"topic": topic, "partition": partition, "offset": offset});
         match self.decoder.decode(msg.payload()) {
             Ok(event) => {
-                let count = self.state.process(&event)?;
-                let out = json!({"key": event.key, "count": count, "source": source});
-                let bytes = serde_json::to_vec(&out).unwrap_or_default();
-                let topic_out = &self.config.kafka.output_topic;
-                self.sink.send(topic_out, Some(event.key.as_bytes()), &bytes, None)?;
-                self.metrics.records_produced.with_label_values(&[topic_out]).inc();
+                let source = SourceRef { topic: topic.to_string(), partition, offset };
+                let (records, rejection) = self.state.element(&event.key, &event.value, event.timestamp_ms, &source)?;
+                self.send(records)?;
+                if let Some(r) = rejection {
+                    self.dead_letter(msg, r.reason, &r.message)?;
+                    self.metrics.records_dead_lettered.with_label_values(&[r.reason]).inc();
+                }
             }
             Err(err) => {
                 self.dead_letter(msg, err.reason(), &err.to_string())?;
@@ -370,6 +409,79 @@ impl Pipeline {
         }
         self.offsets.insert((topic.to_string(), partition), offset + 1);
         crash_point!("mid-batch");
+        Ok(())
+    }
+
+    /// A control record: the runtime checks the version, the function accepts or refuses
+    /// the update, and only an accepted one is put in force.
+    fn handle_control(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        let Some(rules) = &self.rules else { return Ok(()) };
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let outcome = match rules.prepare(msg.key(), msg.payload(), partition, offset, now_ms)? {
+            Err(outcome) => outcome,
+            Ok(candidate) => {
+                let source = SourceRef { topic: msg.topic().to_string(), partition, offset };
+                let update = BroadcastUpdate {
+                    id: &candidate.id,
+                    version: candidate.version(),
+                    body: candidate.body.as_ref(),
+                    source: &source,
+                };
+                let (records, refused) = self.state.broadcast(&update)?;
+                match refused {
+                    Some(r) => {
+                        let version = candidate.version();
+                        RuleOutcome::Refused { id: candidate.id, version, reason: r.reason, message: r.message }
+                    }
+                    None => {
+                        self.send(records)?;
+                        rules.commit(candidate)?
+                    }
+                }
+            }
+        };
+        let label = match &outcome {
+            RuleOutcome::Applied { id, version } => {
+                info!(rule = %id, version, "rule applied");
+                "applied"
+            }
+            RuleOutcome::Deleted { id } => {
+                info!(rule = %id, "rule deleted");
+                "deleted"
+            }
+            RuleOutcome::Ignored { id, version, applied } => {
+                info!(rule = %id, version, applied, "rule update ignored: not newer than the applied version");
+                "ignored"
+            }
+            RuleOutcome::Rejected(why) => {
+                warn!(partition, offset, reason = why.reason(), error = %why, "rule rejected; the last good version stays");
+                self.dead_letter(msg, why.reason(), &why.to_string())?;
+                "rejected"
+            }
+            RuleOutcome::Refused { id, version, reason, message } => {
+                warn!(rule = %id, version, reason, error = %message, "rule rejected; the last good version stays");
+                self.dead_letter(msg, reason, message)?;
+                "rejected"
+            }
+        };
+        self.metrics.rule_updates.with_label_values(&[label]).inc();
+        self.metrics.rules_active.set(rules.active() as i64);
+        Ok(())
+    }
+
+    /// Timers that came due (processing time now, event time up to the watermark).
+    fn fire_timers(&mut self) -> Result<(), JobError> {
+        let records = self.state.fire_timers()?;
+        self.send(records)
+    }
+
+    fn send(&self, records: Vec<OutputRecord>) -> Result<(), JobError> {
+        for r in records {
+            let topic = r.topic.as_deref().unwrap_or(&self.config.kafka.output_topic);
+            self.sink.send(topic, r.key.as_deref(), &r.value, None)?;
+            self.metrics.records_produced.with_label_values(&[topic]).inc();
+        }
         Ok(())
     }
 
@@ -397,21 +509,32 @@ fn read_and_restore(
     config: &Config,
     storage: &dyn CheckpointStorage,
     checkpoint: &CheckpointRef,
-) -> Result<(CountJob, Manifest), JobError> {
+) -> Result<(StateStore, Manifest), JobError> {
     let manifest = storage.read_manifest(checkpoint)?;
-    let state = CountJob::fresh(config, manifest.state.max_parallelism)?;
-    restore_into(config, storage, &state, &manifest)?;
-    Ok((state, manifest))
+    let store = fresh_store(config, manifest.state.max_parallelism)?;
+    restore_into(config, storage, &manifest, |from| Ok(store.restore(&[from])?))?;
+    Ok((store, manifest))
+}
+
+/// Empty state with `max_parallelism` key groups, in this instance's state directory.
+fn fresh_store(config: &Config, max_parallelism: u32) -> Result<StateStore, JobError> {
+    let work_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
+    Ok(StateStore::open(StoreConfig::new(config.state.backend, work_dir, max_parallelism))?)
 }
 
 /// Fetches the files and loads them; the state layer checks every checksum before it
 /// replaces live state, so a broken checkpoint is named and never half-restored.
-fn restore_into(config: &Config, storage: &dyn CheckpointStorage, state: &CountJob, manifest: &Manifest) -> Result<(), JobError> {
+fn restore_into(
+    config: &Config,
+    storage: &dyn CheckpointStorage,
+    manifest: &Manifest,
+    load: impl FnOnce((PathBuf, SnapshotResult)) -> Result<(), JobError>,
+) -> Result<(), JobError> {
     let started = Instant::now();
     let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
     storage.fetch(manifest, &fetched)?;
     crash_point!("during-restore");
-    state.reset(Some((fetched.clone(), manifest.state.clone())))?;
+    load((fetched.clone(), manifest.state.clone()))?;
     remove_dir(&fetched)?;
     info!(
         checkpoint = %manifest.checkpoint,
@@ -430,7 +553,7 @@ fn restore_older(
     config: &Config,
     storage: &dyn CheckpointStorage,
     broken: &CheckpointRef,
-) -> Result<(CountJob, Manifest), JobError> {
+) -> Result<(StateStore, Manifest), JobError> {
     let mut older: Vec<CheckpointRef> =
         storage.list()?.into_iter().filter(|i| i.completed && i.checkpoint.id < broken.id).map(|i| i.checkpoint).collect();
     older.sort();

@@ -8,8 +8,10 @@
 //! - [`config`]: the TOML file and `STREAMSTATE__SECTION__KEY` overrides; refuses unknown keys.
 //! - [`source`]: the Kafka consumer with manual assignment; offsets are the service's own.
 //! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic.
-//! - [`process`]: the job function, over keyed state from the `streamstate-state` crate.
-//! - [`control`]: rules from the control topic, versioned, in broadcast state.
+//! - [`function`]: the process-function API (Flink's `KeyedBroadcastProcessFunction`);
+//!   [`functions`] holds the built-in ones, [`rules`] the rule engine.
+//! - [`driver`]: runs one function over the state store: key scope, event time, timers.
+//! - [`control`]: control-topic records → versioned updates, kept in broadcast state.
 //! - [`sink`]: the transactional producer, one transaction per checkpoint epoch.
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
@@ -37,10 +39,13 @@ pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod decode;
+pub mod driver;
+pub mod function;
+pub mod functions;
 pub mod job;
 pub mod kafka_log;
 pub mod metrics;
-pub mod process;
+pub mod rules;
 pub mod sink;
 pub mod source;
 

@@ -124,6 +124,31 @@ impl Source {
         Ok(out)
     }
 
+    /// High watermarks of these partitions (read_committed stops at the last stable
+    /// offset, so compare with [`Source::positions`], which skips transaction markers).
+    pub fn end_offsets<'a>(&self, parts: impl IntoIterator<Item = &'a Partition>) -> Result<Offsets, SourceError> {
+        let mut out = Offsets::new();
+        for (t, p) in parts {
+            let (_, high) = self.consumer.fetch_watermarks(t, *p, self.timeout)?;
+            out.insert((t.clone(), *p), high);
+        }
+        Ok(out)
+    }
+
+    /// The consumer's fetch position per assigned partition (past any transaction
+    /// markers); partitions with no position yet are left out.
+    pub fn positions(&self) -> Result<Offsets, SourceError> {
+        let tpl = self.consumer.position()?;
+        Ok(tpl
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Assigns exactly these partitions (input and control) at these offsets.
     pub fn assign<'a>(&self, offsets: impl IntoIterator<Item = (&'a Partition, &'a i64)>) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();

@@ -257,6 +257,8 @@ pub struct Job {
     pub control: String,
     pub partitions: i32,
     pub admin: SocketAddr,
+    /// `[job] function`: `count` unless a test sets another.
+    pub function: &'static str,
 }
 
 impl Job {
@@ -271,6 +273,7 @@ impl Job {
             app_id,
             partitions,
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            function: "count",
         };
         create_topics(&[(&job.input, partitions), (&job.output, partitions), (&job.dlq, 1), (&job.control, 1)]);
         job
@@ -301,6 +304,7 @@ transaction_timeout = "30s"
 
 [job]
 key = "/user_id"
+function = "{function}"
 
 [state]
 dir = "{state}"
@@ -321,6 +325,7 @@ listen = "{admin}"
             control = self.control,
             state = d.join("state").display(),
             admin = self.admin,
+            function = self.function,
         );
         let path = self.config_path();
         std::fs::write(&path, body).expect("write config");

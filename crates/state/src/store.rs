@@ -251,6 +251,11 @@ impl StateStore {
         self.lock().backend.compact()
     }
 
+    /// Processing time from the store's clock (TTL and processing-time timers use it).
+    pub fn now_ms(&self) -> u64 {
+        self.lock().now()
+    }
+
     /// Approximate number of stored entries (RocksDB's estimate).
     pub fn approximate_entries(&self) -> Result<u64> {
         self.lock().backend.approximate_len()

@@ -1,0 +1,258 @@
+//! Runs one [`ProcessFunction`] over one [`StateStore`]: scopes state to each input's key,
+//! tracks event time, fires timers, and reopens the function after every restore.
+//!
+//! The job loop owns Kafka and the commit protocol and hands inputs here; unit tests
+//! drive the same code with a manual clock (see [`Driver::with_clock`]), so a function
+//! behaves identically under test and in production.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use streamstate_state::{OperatorListState, SnapshotResult, StateStore, TimeDomain};
+
+use crate::function::{
+    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext, Output, OutputRecord,
+    ProcessFunction, Rejection, SourceRef,
+};
+
+/// Operator state holding each partition's highest event time, so the watermark after a
+/// restore is the one the checkpoint saw (a replay must classify late events the same way).
+const WATERMARKS: &str = "streamstate.watermarks";
+
+/// The reason label for events older than the watermark.
+pub const LATE_EVENT: &str = "late_event";
+
+/// How event time works for this job (`[job] timestamp` and `max_out_of_orderness`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventTime {
+    /// Events carry a timestamp field; windows and sequences close on the watermark.
+    pub enabled: bool,
+    pub max_out_of_orderness: Duration,
+}
+
+/// What one input produced: records for the transaction, or a reason to dead-letter it.
+pub type Produced = (Vec<OutputRecord>, Option<Rejection>);
+
+pub struct Driver {
+    store: StateStore,
+    function: Box<dyn ProcessFunction>,
+    event_time: EventTime,
+    /// Highest event time seen per input partition.
+    max_seen: BTreeMap<(String, i32), u64>,
+    watermark_state: OperatorListState<(String, i32, u64)>,
+    out: Output,
+}
+
+impl Driver {
+    /// Opens `function` on `store` (empty or already restored).
+    pub fn new(store: StateStore, function: Box<dyn ProcessFunction>, event_time: EventTime) -> Result<Self, FunctionError> {
+        let watermark_state = store.union_list_state(WATERMARKS)?;
+        let mut driver =
+            Self { store, function, event_time, max_seen: BTreeMap::new(), watermark_state, out: Output::default() };
+        driver.open()?;
+        Ok(driver)
+    }
+
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    /// Replaces all state with a checkpoint's files (`None`: empty state) and reopens the
+    /// function. The state layer verifies every file before it swaps anything in.
+    pub fn reset(&mut self, from: Option<(PathBuf, SnapshotResult)>) -> Result<(), FunctionError> {
+        self.store.restore(from.as_slice())?;
+        self.open()
+    }
+
+    fn open(&mut self) -> Result<(), FunctionError> {
+        self.max_seen = self.watermark_state.get()?.into_iter().map(|(t, p, ts)| ((t, p), ts)).collect();
+        self.store.set_current_namespace(&[]);
+        self.function.open(&OpenContext::new(&self.store))
+    }
+
+    /// Event time below which input is complete; `None` in processing-time mode or
+    /// before any event.
+    pub fn watermark_ms(&self) -> Option<u64> {
+        if !self.event_time.enabled {
+            return None;
+        }
+        let min = self.max_seen.values().min()?;
+        Some(min.saturating_sub(self.event_time.max_out_of_orderness.as_millis() as u64))
+    }
+
+    /// One event. In event-time mode `timestamp_ms` is required (the decoder refuses
+    /// events without one) and an event older than the watermark is rejected as late.
+    pub fn element(&mut self, key: &str, value: &Value, timestamp_ms: Option<u64>, source: &SourceRef) -> Result<Produced, FunctionError> {
+        let watermark = self.watermark_ms();
+        let timestamp_ms = match timestamp_ms {
+            Some(ts) if self.event_time.enabled => {
+                if let Some(w) = watermark.filter(|w| ts < *w) {
+                    self.out.reject(LATE_EVENT, format!("event time {ts} ms is older than the watermark {w} ms"));
+                    return Ok(self.out.take());
+                }
+                ts
+            }
+            _ => self.store.now_ms(),
+        };
+        self.store.set_current_key(key.as_bytes())?;
+        self.store.set_current_namespace(&[]);
+        let event = Event { key, value, timestamp_ms, source };
+        let result = self.function.process_element(&event, &KeyedContext::new(&self.store, timestamp_ms, watermark), &mut self.out);
+        self.store.set_current_namespace(&[]);
+        result?;
+        if self.event_time.enabled {
+            let seen = self.max_seen.entry((source.topic.clone(), source.partition)).or_insert(timestamp_ms);
+            *seen = (*seen).max(timestamp_ms);
+        }
+        Ok(self.out.take())
+    }
+
+    /// A control update already found newer than the version in force. A rejection
+    /// means the function refused it; the caller keeps the old version.
+    pub fn broadcast(&mut self, update: &BroadcastUpdate<'_>) -> Result<Produced, FunctionError> {
+        self.function.process_broadcast_element(update, &BroadcastContext::new(&self.store), &mut self.out)?;
+        Ok(self.out.take())
+    }
+
+    /// Fires processing-time timers up to now and event-time timers up to the watermark,
+    /// in time order. Cheap when nothing is due.
+    pub fn fire_timers(&mut self) -> Result<Vec<OutputRecord>, FunctionError> {
+        let mut records = Vec::new();
+        let now = self.store.now_ms();
+        let watermark = self.watermark_ms();
+        let due = |d: &Self, domain, up_to: Option<u64>| up_to.is_some_and(|t| d.store.next_timer(domain).is_some_and(|n| n <= t));
+        for (domain, up_to) in [(TimeDomain::ProcessingTime, Some(now)), (TimeDomain::EventTime, watermark)] {
+            // A timer may register another timer that is already due; loop until none is.
+            while due(self, domain, up_to) {
+                let Some(up_to) = up_to else { break };
+                for timer in self.store.pop_due_timers(domain, up_to)? {
+                    self.store.set_current_key(&timer.key)?;
+                    self.store.set_current_namespace(&timer.namespace);
+                    let fired = FiredTimer {
+                        timestamp_ms: timer.timestamp,
+                        domain,
+                        key: &timer.key,
+                        namespace: &timer.namespace,
+                    };
+                    let ctx = KeyedContext::new(&self.store, timer.timestamp, watermark);
+                    let result = self.function.on_timer(&fired, &ctx, &mut self.out);
+                    self.store.set_current_namespace(&[]);
+                    result?;
+                    let (produced, rejection) = self.out.take();
+                    if let Some(r) = rejection {
+                        tracing::warn!(reason = r.reason, message = %r.message, "a timer cannot reject an input; ignored");
+                    }
+                    records.extend(produced);
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    /// The function's own snapshot hook, then the store's snapshot into `dir`.
+    pub fn snapshot(&mut self, checkpoint_id: u64, dir: &Path) -> Result<SnapshotResult, FunctionError> {
+        self.function.snapshot_state(checkpoint_id)?;
+        let marks: Vec<(String, i32, u64)> = self.max_seen.iter().map(|((t, p), ts)| (t.clone(), *p, *ts)).collect();
+        self.watermark_state.update(&marks)?;
+        Ok(self.store.snapshot(checkpoint_id, dir)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use streamstate_state::{BackendKind, ManualClock, StoreConfig, ValueState, ValueStateDescriptor};
+
+    use super::*;
+
+    /// Sums `/n` per key and emits the sum when an event-time timer at `ts + 10` fires.
+    #[derive(Default)]
+    struct DelayedSum {
+        sum: Option<ValueState<u64>>,
+        opened: u32,
+    }
+
+    impl ProcessFunction for DelayedSum {
+        fn open(&mut self, ctx: &OpenContext<'_>) -> Result<(), FunctionError> {
+            self.sum = Some(ctx.value_state(&ValueStateDescriptor::new("sum"))?);
+            self.opened += 1;
+            Ok(())
+        }
+        fn process_element(&mut self, e: &Event<'_>, ctx: &KeyedContext<'_>, _: &mut Output) -> Result<(), FunctionError> {
+            let sum = self.sum.as_ref().ok_or(FunctionError::NotOpen)?;
+            sum.update(&(sum.value()?.unwrap_or(0) + e.value["n"].as_u64().unwrap_or(0)))?;
+            ctx.register_event_time_timer(e.timestamp_ms + 10)
+        }
+        fn on_timer(&mut self, t: &FiredTimer<'_>, _: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+            let sum = self.sum.as_ref().ok_or(FunctionError::NotOpen)?;
+            let key = String::from_utf8_lossy(t.key).to_string();
+            out.emit(&key, &json!({"key": key, "sum": sum.value()?, "at": t.timestamp_ms}))
+        }
+    }
+
+    fn driver(dir: &Path) -> Driver {
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(BackendKind::Hashmap, dir, 4),
+            Arc::new(ManualClock::new(1_000)),
+        )
+        .expect("store");
+        let time = EventTime { enabled: true, max_out_of_orderness: Duration::from_millis(5) };
+        Driver::new(store, Box::new(DelayedSum::default()), time).expect("driver")
+    }
+
+    fn src(partition: i32, offset: i64) -> SourceRef {
+        SourceRef { topic: "in".into(), partition, offset }
+    }
+
+    #[test]
+    fn watermark_is_the_slowest_partition_minus_out_of_orderness_and_fires_timers() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut d = driver(dir.path());
+        assert_eq!(d.watermark_ms(), None);
+        d.element("a", &json!({"n": 2}), Some(100), &src(0, 0)).expect("element");
+        d.element("a", &json!({"n": 3}), Some(104), &src(0, 1)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(99));
+        d.element("b", &json!({"n": 1}), Some(200), &src(1, 0)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(99), "partition 0 holds the watermark back");
+        assert!(d.fire_timers().expect("fire").is_empty());
+        d.element("a", &json!({"n": 0}), Some(150), &src(0, 2)).expect("element");
+        let fired = d.fire_timers().expect("fire");
+        // Timers at 110 and 114 (key a) are due at watermark 145; 160 (a) and 210 (b) are not.
+        let values: Vec<Value> = fired.iter().map(|r| serde_json::from_slice(&r.value).expect("json")).collect();
+        assert_eq!(values, vec![json!({"key": "a", "sum": 5, "at": 110}), json!({"key": "a", "sum": 5, "at": 114})]);
+    }
+
+    #[test]
+    fn late_events_are_rejected_without_reaching_the_function() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut d = driver(dir.path());
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
+        let (records, rejection) = d.element("a", &json!({"n": 50}), Some(90), &src(0, 1)).expect("element");
+        assert!(records.is_empty());
+        assert_eq!(rejection.map(|r| r.reason), Some(LATE_EVENT));
+        let (_, ok) = d.element("a", &json!({"n": 1}), Some(95), &src(0, 2)).expect("element");
+        assert_eq!(ok, None, "within max_out_of_orderness is on time");
+    }
+
+    #[test]
+    fn restore_brings_back_the_watermark_and_reopens_the_function() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut d = driver(dir.path());
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
+        let snap = d.snapshot(1, &dir.path().join("snap")).expect("snapshot");
+        d.element("a", &json!({"n": 1}), Some(500), &src(0, 1)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(495));
+        d.reset(Some((dir.path().join("snap"), snap))).expect("reset");
+        assert_eq!(d.watermark_ms(), Some(95));
+        let fired = d.fire_timers().expect("fire");
+        assert!(fired.is_empty(), "the timer at 110 is still pending at watermark 95");
+        d.element("a", &json!({"n": 1}), Some(120), &src(0, 1)).expect("element");
+        let fired = d.fire_timers().expect("fire");
+        let v: Value = serde_json::from_slice(&fired[0].value).expect("json");
+        assert_eq!(v, json!({"key": "a", "sum": 2, "at": 110}), "state and timers as of the checkpoint");
+    }
+}

@@ -1,0 +1,25 @@
+//! A running count per key: every event emits `{"key", "count", "source"}`.
+
+use serde_json::json;
+use streamstate_state::{ValueState, ValueStateDescriptor};
+
+use crate::function::{Event, FunctionError, KeyedContext, OpenContext, Output, ProcessFunction};
+
+#[derive(Default)]
+pub struct Count {
+    count: Option<ValueState<u64>>,
+}
+
+impl ProcessFunction for Count {
+    fn open(&mut self, ctx: &OpenContext<'_>) -> Result<(), FunctionError> {
+        self.count = Some(ctx.value_state(&ValueStateDescriptor::new("count"))?);
+        Ok(())
+    }
+
+    fn process_element(&mut self, event: &Event<'_>, _: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+        let count = self.count.as_ref().ok_or(FunctionError::NotOpen)?;
+        let n = count.value()?.unwrap_or(0) + 1;
+        count.update(&n)?;
+        out.emit(event.key, &json!({"key": event.key, "count": n, "source": event.source}))
+    }
+}
