@@ -17,6 +17,8 @@
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`job`]: the loop that ties them together and runs the commit protocol.
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
+//! - [`service`]: one instance: admin server, job thread, signals; [`service::run`] is the
+//!   entry point for binaries with their own process function.
 //!
 //! # The commit protocol
 //!
@@ -34,6 +36,9 @@ macro_rules! crash_point {
 }
 pub(crate) use crash_point;
 
+/// The state layer (descriptors, handles, TTL), re-exported for process functions.
+pub use streamstate_state as state;
+
 pub mod admin;
 pub mod checkpoint;
 pub mod config;
@@ -46,6 +51,7 @@ pub mod job;
 pub mod kafka_log;
 pub mod metrics;
 pub mod rules;
+pub mod service;
 pub mod sink;
 pub mod source;
 

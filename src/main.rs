@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use streamstate::admin;
+use streamstate::service;
 use streamstate::config::Config;
-use streamstate::job::{Control, Job, StartOptions};
+use streamstate::job::{Control, StartOptions};
 use streamstate::metrics::Metrics;
 use tracing::{error, info};
 
@@ -120,46 +120,7 @@ fn init_logging(format: LogFormat) {
 fn run_service(config: Config, options: StartOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new().context("registering metrics")?;
     let control = Arc::new(Control::default());
-    serve(config, metrics, control, options)
-}
-
-fn serve(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async {
-        let listen = config.admin.listen;
-        let listener =
-            admin::bind(listen).await.with_context(|| format!("admin.listen: cannot bind {listen}"))?;
-        let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = admin::router(control.clone(), metrics.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
-        });
-        let signals = tokio::spawn(shutdown_on_signal(control.clone()));
-        info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");
-        let job_control = control.clone();
-        let job = tokio::task::spawn_blocking(move || Job::start(config, metrics, job_control, options)?.run()).await;
-        control.shutdown.store(true, Ordering::SeqCst);
-        signals.abort();
-        let _ = stop_admin.send(());
-        let _ = server.await;
-        job.context("job thread panicked")?.map_err(Into::into)
-    })
-}
-
-async fn shutdown_on_signal(control: Arc<Control>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining and taking a final checkpoint"),
-        _ = int.recv() => info!("SIGINT: draining and taking a final checkpoint"),
-    }
-    control.shutdown.store(true, Ordering::SeqCst);
+    Ok(service::serve(config, metrics, control, options, None)?)
 }
 
 fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) -> anyhow::Result<()> {
@@ -185,7 +146,7 @@ fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) 
             control.shutdown.store(true, Ordering::SeqCst);
         });
     }
-    let result = serve(config, metrics, control.clone(), StartOptions::default());
+    let result = service::serve(config, metrics, control.clone(), StartOptions::default(), None);
     control.shutdown.store(true, Ordering::SeqCst);
     let _ = reporter.join();
     match generator.join() {
@@ -194,5 +155,5 @@ fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) 
     }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&work);
-    result
+    Ok(result?)
 }

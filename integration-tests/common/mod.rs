@@ -341,6 +341,10 @@ listen = "{admin}"
         Service::spawn(&self.config_path(), &self.dir.path().join("service.log"), args, env)
     }
 
+    pub fn spawn_example(&self, name: &str, env: &[(&str, &str)]) -> Service {
+        Service::spawn_example(name, &self.config_path(), &self.dir.path().join("service.log"), env)
+    }
+
     /// A second config for the same instance id with its own local state directory and
     /// admin port: a replacement instance on another machine.
     pub fn write_replacement_config(&self) -> PathBuf {
@@ -376,13 +380,28 @@ pub struct Service {
 
 impl Service {
     pub fn spawn(config: &Path, log: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
         let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--config"]).arg(config).args(args).env("RUST_LOG", "info,librdkafka=warn");
+        cmd.args(["run", "--config"]).arg(config).args(args);
+        Self::spawn_command(cmd, log, env)
+    }
+
+    /// One of the `examples/` binaries (built by `cargo build --examples`), which take
+    /// the config path as their only argument.
+    pub fn spawn_example(name: &str, config: &Path, log: &Path, env: &[(&str, &str)]) -> Self {
+        let bin = Path::new(BIN).parent().expect("target dir").join("examples").join(name);
+        assert!(bin.is_file(), "{} is not built: run `cargo build --release --examples`", bin.display());
+        let mut cmd = Command::new(bin);
+        cmd.arg(config);
+        Self::spawn_command(cmd, log, env)
+    }
+
+    fn spawn_command(mut cmd: Command, log: &Path, env: &[(&str, &str)]) -> Self {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        cmd.env("RUST_LOG", "info,librdkafka=warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.stdout(Stdio::null()).stderr(file).spawn().expect("spawn streamstate");
+        let child = cmd.stdout(Stdio::null()).stderr(file).spawn().expect("spawn");
         Self { child, log: log.to_path_buf() }
     }
 

@@ -1,0 +1,83 @@
+//! One running instance: the admin server on an async runtime, the job loop on its own
+//! thread, SIGTERM/SIGINT into the shutdown flag. The binary's `run` and library users'
+//! own `main`s (see `examples/`) both start here.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tracing::info;
+
+use crate::admin;
+use crate::config::Config;
+use crate::function::ProcessFunction;
+use crate::job::{Control, Job, JobError, StartOptions};
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("admin.listen: cannot bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error("job thread panicked")]
+    Panicked,
+}
+
+/// Runs `function` as the job until SIGTERM/SIGINT (then drains, takes a final
+/// checkpoint and returns) or a fatal error. For Rust users' own binaries.
+pub fn run(config: Config, function: Box<dyn ProcessFunction>) -> Result<(), ServiceError> {
+    let metrics = Metrics::new()?;
+    serve(config, metrics, Arc::new(Control::default()), StartOptions::default(), Some(function))
+}
+
+/// Like [`run`] with the pieces supplied; `function: None` runs the built-in
+/// `[job] function`. The admin server stops last, after the job's final checkpoint.
+pub fn serve(
+    config: Config,
+    metrics: Metrics,
+    control: Arc<Control>,
+    options: StartOptions,
+    function: Option<Box<dyn ProcessFunction>>,
+) -> Result<(), ServiceError> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(ServiceError::Runtime)?;
+    runtime.block_on(async {
+        let listen = config.admin.listen;
+        let listener = admin::bind(listen).await.map_err(|source| ServiceError::Bind { addr: listen, source })?;
+        let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = admin::router(control.clone(), metrics.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
+        });
+        let signals = tokio::spawn(shutdown_on_signal(control.clone()));
+        info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");
+        let job_control = control.clone();
+        let job = tokio::task::spawn_blocking(move || match function {
+            Some(f) => Job::start_with(config, metrics, job_control, options, f)?.run(),
+            None => Job::start(config, metrics, job_control, options)?.run(),
+        })
+        .await;
+        control.shutdown.store(true, Ordering::SeqCst);
+        signals.abort();
+        let _ = stop_admin.send(());
+        let _ = server.await;
+        Ok(job.map_err(|_| ServiceError::Panicked)??)
+    })
+}
+
+async fn shutdown_on_signal(control: Arc<Control>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: draining and taking a final checkpoint"),
+        _ = int.recv() => info!("SIGINT: draining and taking a final checkpoint"),
+    }
+    control.shutdown.store(true, Ordering::SeqCst);
+}
