@@ -23,6 +23,15 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 "$root/integration-tests/install-deps.sh"
 
+# Container and Kubernetes checks (no broker): hadolint, helm lint/template of every
+# helm/streamstate/ci values file validated against Kubernetes schemas, values.schema.json
+# refusals, and the binary on the runtime image's libraries. The chart test (--test chart)
+# renders the chart with the helm this step installed.
+echo "== chart and image checks (integration-tests/chart/check.sh)"
+"$root/integration-tests/chart/check.sh"
+STREAMSTATE_HELM="$("$root/integration-tests/chart/check.sh" --tools-only | tail -n1)"
+export STREAMSTATE_HELM
+
 # S3-compatible server for the s3:// checkpoint storage tests, unit and integration.
 moto="$root/integration-tests/s3/moto.sh"
 "$moto" start

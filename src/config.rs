@@ -382,8 +382,72 @@ impl Config {
     }
 }
 
-fn env_overrides() -> Env {
-    Env::prefixed(ENV_PREFIX).split("__")
+fn env_overrides() -> EnvOverrides {
+    EnvOverrides::from_process()
+}
+
+/// `STREAMSTATE__SECTION__KEY` overrides. Like figment's `Env::prefixed(..).split("__")`,
+/// except that only `__` separates levels and a dot stays part of the key: librdkafka
+/// property names have dots, so `STREAMSTATE__KAFKA__PROPERTIES__SASL.PASSWORD` sets the
+/// property `sasl.password` (figment's `Env` would nest it as `sasl` → `password`, which a
+/// string map refuses). Names are lowercased; values are parsed as figment's `Env` does,
+/// except librdkafka property values, which stay strings.
+struct EnvOverrides {
+    /// `(name without the prefix, value)`, e.g. `("kafka__properties__sasl.password", "x")`.
+    vars: Vec<(String, String)>,
+}
+
+impl EnvOverrides {
+    fn from_process() -> Self {
+        Self { vars: Env::prefixed(ENV_PREFIX).iter().map(|(k, v)| (k.as_str().to_string(), v)).collect() }
+    }
+}
+
+impl figment::Provider for EnvOverrides {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(format!("`{ENV_PREFIX}` environment variable(s)"))
+            .interpolater(|_, keys| keys.iter().map(|k| k.to_ascii_uppercase()).collect::<Vec<_>>().join("."))
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Value};
+        fn insert(dict: &mut Dict, path: &[&str], value: Value) {
+            match path {
+                [] => {}
+                [leaf] => {
+                    dict.insert(leaf.to_string(), value);
+                }
+                [head, rest @ ..] => {
+                    let entry = dict.entry(head.to_string()).or_insert_with(|| Dict::new().into());
+                    if entry.as_dict().is_none() {
+                        *entry = Dict::new().into();
+                    }
+                    if let Value::Dict(_, inner) = entry {
+                        insert(inner, rest, value);
+                    }
+                }
+            }
+        }
+        let mut root = Dict::new();
+        let mut vars = self.vars.clone();
+        vars.sort();
+        for (name, value) in vars {
+            let name = name.to_ascii_lowercase();
+            let path: Vec<&str> = name.split("__").collect();
+            // As figment's `Env`: a name with an empty level is not an override.
+            if path.iter().any(|s| s.is_empty()) {
+                continue;
+            }
+            // librdkafka properties are strings, whatever they look like (`linger.ms=5`, a
+            // password of digits); everything else is typed as figment's `Env` types it.
+            let value = match path.as_slice() {
+                ["kafka", "properties" | "consumer_properties" | "producer_properties", _] => Value::from(value),
+                _ => value.parse().expect("parsing a figment value is infallible"),
+            };
+            insert(&mut root, &path, value);
+        }
+        Ok(figment::Profile::Default.collect(root))
+    }
 }
 
 /// figment (and the TOML parser under it) may print several lines with a source excerpt;
@@ -482,6 +546,30 @@ key = "/user"
         std::fs::write(&token, " \n").expect("write");
         let err = Config::load(&write(&dir, &body)).expect_err("empty token file");
         assert!(err.to_string().contains("admin.token_file"), "{err}");
+    }
+
+    #[test]
+    fn environment_keeps_dots_in_librdkafka_property_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = format!("{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"from-file\"\n\"sasl.username\" = \"u\"\n");
+        let env = EnvOverrides {
+            vars: vec![
+                ("KAFKA__PROPERTIES__SASL.PASSWORD".into(), "from-env".into()),
+                ("kafka__producer_properties__linger.ms".into(), "5".into()),
+                ("KAFKA__CONSUMER_PROPERTIES__SASL.PASSWORD".into(), "0123".into()),
+                ("JOB__INSTANCE".into(), "2".into()),
+            ],
+        };
+        let c = Config::from_figment(Figment::new().merge(Toml::file(write(&dir, &file))).merge(env)).expect("load");
+        assert_eq!(c.kafka.properties.get("sasl.password").map(String::as_str), Some("from-env"));
+        assert_eq!(c.kafka.properties.get("sasl.username").map(String::as_str), Some("u"));
+        assert_eq!(c.kafka.producer_properties.get("linger.ms").map(String::as_str), Some("5"));
+        assert_eq!(c.kafka.consumer_properties.get("sasl.password").map(String::as_str), Some("0123"));
+        assert_eq!(c.job.instance, 2);
+        let bad = EnvOverrides { vars: vec![("JOB__INSTANCE".into(), "x".into())] };
+        let err = Config::from_figment(Figment::new().merge(Toml::file(write(&dir, MINIMAL))).merge(bad))
+            .expect_err("a non-number instance must fail");
+        assert!(err.to_string().contains("JOB.INSTANCE") && err.to_string().contains("STREAMSTATE__"), "{err}");
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct Driver {
     event_time: EventTime,
     /// Highest event time seen per input partition.
     max_seen: BTreeMap<(String, i32), u64>,
+    /// The input partitions this instance reads; each one holds the watermark back until
+    /// it has delivered an event. Empty: every partition seen so far counts.
+    partitions: Vec<(String, i32)>,
     watermark_state: OperatorListState<(String, i32, u64)>,
     out: Output,
 }
@@ -49,8 +52,15 @@ impl Driver {
     /// Opens `function` on `store` (empty or already restored).
     pub fn new(store: StateStore, function: Box<dyn ProcessFunction>, event_time: EventTime) -> Result<Self, FunctionError> {
         let watermark_state = store.union_list_state(WATERMARKS)?;
-        let mut driver =
-            Self { store, function, event_time, max_seen: BTreeMap::new(), watermark_state, out: Output::default() };
+        let mut driver = Self {
+            store,
+            function,
+            event_time,
+            max_seen: BTreeMap::new(),
+            partitions: Vec::new(),
+            watermark_state,
+            out: Output::default(),
+        };
         driver.open()?;
         Ok(driver)
     }
@@ -72,13 +82,29 @@ impl Driver {
         self.function.open(&OpenContext::new(&self.store))
     }
 
+    /// The input partitions whose event time makes the watermark (Flink's per-split
+    /// watermarks): the slowest one decides, and one that has delivered nothing yet
+    /// holds the watermark back, so no event is classified late only because its
+    /// partition was fetched after another.
+    pub fn set_partitions(&mut self, partitions: impl IntoIterator<Item = (String, i32)>) {
+        self.partitions = partitions.into_iter().collect();
+    }
+
     /// Event time below which input is complete; `None` in processing-time mode or
-    /// before any event.
+    /// before every partition has delivered an event.
     pub fn watermark_ms(&self) -> Option<u64> {
         if !self.event_time.enabled {
             return None;
         }
-        let min = self.max_seen.values().min()?;
+        let min = if self.partitions.is_empty() {
+            *self.max_seen.values().min()?
+        } else {
+            let mut min = u64::MAX;
+            for p in &self.partitions {
+                min = min.min(*self.max_seen.get(p)?);
+            }
+            min
+        };
         Some(min.saturating_sub(self.event_time.max_out_of_orderness.as_millis() as u64))
     }
 
@@ -212,10 +238,11 @@ mod tests {
     fn watermark_is_the_slowest_partition_minus_out_of_orderness_and_fires_timers() {
         let dir = tempfile::tempdir().expect("dir");
         let mut d = driver(dir.path());
+        d.set_partitions([("in".to_string(), 0), ("in".to_string(), 1)]);
         assert_eq!(d.watermark_ms(), None);
         d.element("a", &json!({"n": 2}), Some(100), &src(0, 0)).expect("element");
         d.element("a", &json!({"n": 3}), Some(104), &src(0, 1)).expect("element");
-        assert_eq!(d.watermark_ms(), Some(99));
+        assert_eq!(d.watermark_ms(), None, "partition 1 has delivered nothing yet");
         d.element("b", &json!({"n": 1}), Some(200), &src(1, 0)).expect("element");
         assert_eq!(d.watermark_ms(), Some(99), "partition 0 holds the watermark back");
         assert!(d.fire_timers().expect("fire").is_empty());

@@ -173,6 +173,8 @@ impl Job {
             EventTime { enabled: config.job.timestamp.is_some(), max_out_of_orderness: config.job.max_out_of_orderness };
         let state = Driver::new(store, function, event_time)?;
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
+        let mut state = state;
+        state.set_partitions(offsets.keys().cloned());
         source.assign(offsets.iter().chain(&control_offsets))?;
         let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
         if let Some(rules) = &rules {
