@@ -109,6 +109,10 @@ pub struct JobConfig {
     /// How far behind the newest event time of a partition its events may arrive.
     #[serde(default = "default_max_out_of_orderness", with = "humantime_serde")]
     pub max_out_of_orderness: Duration,
+    /// An input partition without events for this long stops holding the event-time
+    /// watermark back until it delivers again. Unset: an idle partition stalls windows.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
     /// Per-key state of running (unwindowed) aggregates and sequences expires after this
     /// long without an update. Unset: kept until the rule is deleted.
     #[serde(default, with = "humantime_serde")]

@@ -47,6 +47,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             function: FunctionKind::Count,
             timestamp: None,
             max_out_of_orderness: Duration::from_secs(5),
+            idle_timeout: None,
             state_ttl: None,
         },
         state: StateConfig { dir: work.join("state"), ..StateConfig::default() },

@@ -21,6 +21,9 @@ use crate::function::{
 /// restore is the one the checkpoint saw (a replay must classify late events the same way).
 const WATERMARKS: &str = "streamstate.watermarks";
 
+/// Where the watermark itself is kept among the per-partition entries.
+const WATERMARK_ENTRY: (String, i32) = (String::new(), -1);
+
 /// The reason label for events older than the watermark.
 pub const LATE_EVENT: &str = "late_event";
 
@@ -30,6 +33,9 @@ pub struct EventTime {
     /// Events carry a timestamp field; windows and sequences close on the watermark.
     pub enabled: bool,
     pub max_out_of_orderness: Duration,
+    /// A partition without events for this long (processing time) stops holding the
+    /// watermark back until it delivers again (Flink's `withIdleness`). `None`: never.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// What one input produced: records for the transaction, or a reason to dead-letter it.
@@ -44,6 +50,10 @@ pub struct Driver {
     /// The input partitions this instance reads; each one holds the watermark back until
     /// it has delivered an event. Empty: every partition seen so far counts.
     partitions: Vec<(String, i32)>,
+    /// Processing time of each partition's last event, for idleness.
+    last_event_at: BTreeMap<(String, i32), u64>,
+    /// The highest watermark so far.
+    watermark: Option<u64>,
     watermark_state: OperatorListState<(String, i32, u64)>,
     out: Output,
 }
@@ -58,6 +68,8 @@ impl Driver {
             event_time,
             max_seen: BTreeMap::new(),
             partitions: Vec::new(),
+            last_event_at: BTreeMap::new(),
+            watermark: None,
             watermark_state,
             out: Output::default(),
         };
@@ -78,6 +90,8 @@ impl Driver {
 
     fn open(&mut self) -> Result<(), FunctionError> {
         self.max_seen = self.watermark_state.get()?.into_iter().map(|(t, p, ts)| ((t, p), ts)).collect();
+        self.watermark = self.max_seen.remove(&WATERMARK_ENTRY);
+        self.last_event_at.clear();
         self.store.set_current_namespace(&[]);
         self.function.open(&OpenContext::new(&self.store))
     }
@@ -91,19 +105,36 @@ impl Driver {
     }
 
     /// Event time below which input is complete; `None` in processing-time mode or
-    /// before every partition has delivered an event.
-    pub fn watermark_ms(&self) -> Option<u64> {
+    /// before every partition has delivered an event. Never goes back, also when an
+    /// idle partition resumes: its older events are then late, not a reason to reopen
+    /// windows that already closed.
+    pub fn watermark_ms(&mut self) -> Option<u64> {
+        let computed = self.computed_watermark();
+        self.watermark = self.watermark.max(computed);
+        self.watermark
+    }
+
+    fn computed_watermark(&self) -> Option<u64> {
         if !self.event_time.enabled {
             return None;
         }
+        let idle_since = self.event_time.idle_timeout.map(|t| self.store.now_ms().saturating_sub(t.as_millis() as u64));
+        // Idle only after having been seen in this run: a partition restored from a
+        // checkpoint gets a full timeout to deliver before it stops counting.
+        let idle = |p: &(String, i32)| idle_since.is_some_and(|since| self.last_event_at.get(p).is_some_and(|at| *at < since));
         let min = if self.partitions.is_empty() {
             *self.max_seen.values().min()?
         } else {
-            let mut min = u64::MAX;
-            for p in &self.partitions {
-                min = min.min(*self.max_seen.get(p)?);
+            let mut min = None::<u64>;
+            for p in self.partitions.iter().filter(|p| !idle(p)) {
+                let seen = *self.max_seen.get(p)?;
+                min = Some(min.map_or(seen, |m| m.min(seen)));
             }
-            min
+            // Every partition idle: the watermark stays where the active ones left it.
+            match min {
+                Some(m) => m,
+                None => *self.max_seen.values().max()?,
+            }
         };
         Some(min.saturating_sub(self.event_time.max_out_of_orderness.as_millis() as u64))
     }
@@ -129,7 +160,11 @@ impl Driver {
         self.store.set_current_namespace(&[]);
         result?;
         if self.event_time.enabled {
-            let seen = self.max_seen.entry((source.topic.clone(), source.partition)).or_insert(timestamp_ms);
+            let partition = (source.topic.clone(), source.partition);
+            if self.event_time.idle_timeout.is_some() {
+                self.last_event_at.insert(partition.clone(), self.store.now_ms());
+            }
+            let seen = self.max_seen.entry(partition).or_insert(timestamp_ms);
             *seen = (*seen).max(timestamp_ms);
         }
         Ok(self.out.take())
@@ -180,7 +215,10 @@ impl Driver {
     /// The function's own snapshot hook, then the store's snapshot into `dir`.
     pub fn snapshot(&mut self, checkpoint_id: u64, dir: &Path) -> Result<SnapshotResult, FunctionError> {
         self.function.snapshot_state(checkpoint_id)?;
-        let marks: Vec<(String, i32, u64)> = self.max_seen.iter().map(|((t, p), ts)| (t.clone(), *p, *ts)).collect();
+        let mut marks: Vec<(String, i32, u64)> = self.max_seen.iter().map(|((t, p), ts)| (t.clone(), *p, *ts)).collect();
+        if let Some(w) = self.watermark {
+            marks.push((WATERMARK_ENTRY.0.to_string(), WATERMARK_ENTRY.1, w));
+        }
         self.watermark_state.update(&marks)?;
         Ok(self.store.snapshot(checkpoint_id, dir)?)
     }
@@ -221,13 +259,33 @@ mod tests {
     }
 
     fn driver(dir: &Path) -> Driver {
-        let store = StateStore::open_with_clock(
-            StoreConfig::new(BackendKind::Hashmap, dir, 4),
-            Arc::new(ManualClock::new(1_000)),
-        )
-        .expect("store");
-        let time = EventTime { enabled: true, max_out_of_orderness: Duration::from_millis(5) };
+        driver_with_clock(dir, ManualClock::new(1_000), None)
+    }
+
+    fn driver_with_clock(dir: &Path, clock: ManualClock, idle_timeout: Option<Duration>) -> Driver {
+        let store = StateStore::open_with_clock(StoreConfig::new(BackendKind::Hashmap, dir, 4), Arc::new(clock)).expect("store");
+        let time = EventTime { enabled: true, max_out_of_orderness: Duration::from_millis(5), idle_timeout };
         Driver::new(store, Box::new(DelayedSum::default()), time).expect("driver")
+    }
+
+    #[test]
+    fn an_idle_partition_stops_holding_the_watermark_back_after_the_timeout() {
+        let dir = tempfile::tempdir().expect("dir");
+        let clock = ManualClock::new(1_000);
+        let mut d = driver_with_clock(dir.path(), clock.clone(), Some(Duration::from_secs(10)));
+        d.set_partitions([("in".to_string(), 0), ("in".to_string(), 1)]);
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
+        d.element("b", &json!({"n": 1}), Some(500), &src(1, 0)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(95));
+        clock.advance(9_000);
+        d.element("b", &json!({"n": 1}), Some(900), &src(1, 1)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(95), "partition 0 is not idle yet");
+        clock.advance(2_000);
+        assert_eq!(d.watermark_ms(), Some(895), "partition 0 idle for 11 s: partition 1 alone decides");
+        let (_, late) = d.element("a", &json!({"n": 1}), Some(120), &src(0, 1)).expect("element");
+        assert_eq!(late.map(|r| r.reason), Some(LATE_EVENT), "the resumed partition's old event is late");
+        d.element("a", &json!({"n": 1}), Some(897), &src(0, 2)).expect("element");
+        assert_eq!(d.watermark_ms(), Some(895), "the watermark never goes back");
     }
 
     fn src(partition: i32, offset: i64) -> SourceRef {

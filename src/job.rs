@@ -170,7 +170,11 @@ impl Job {
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
         let event_time =
-            EventTime { enabled: config.job.timestamp.is_some(), max_out_of_orderness: config.job.max_out_of_orderness };
+            EventTime {
+                enabled: config.job.timestamp.is_some(),
+                max_out_of_orderness: config.job.max_out_of_orderness,
+                idle_timeout: config.job.idle_timeout,
+            };
         let state = Driver::new(store, function, event_time)?;
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
         let mut state = state;
