@@ -101,6 +101,11 @@ impl Metrics {
         Ok(m)
     }
 
+    /// The private registry, for components that register their own metrics (the rule engine).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Sum over all label values; for progress lines, not for hot paths.
     pub fn total(v: &IntCounterVec) -> f64 {
         use prometheus::core::Collector;

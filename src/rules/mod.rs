@@ -1,33 +1,281 @@
 //! The built-in rule engine: JSON rules from the control topic, applied per key.
 //!
-//! Work in progress: this skeleton refuses every rule so that nothing half-built is ever
-//! put in force.
+//! | file | concept |
+//! |---|---|
+//! | [`spec`] | rule language v1: serde shape, validation, reason labels |
+//! | [`predicate`] | filters, steps, `having`: compiled predicates and JSON pointers |
+//! | [`aggregate`] | accumulators and aggregate rules (running, tumbling, sliding, session, compare) |
+//! | [`window`] | state namespaces and window assignment |
+//! | [`dedup`], [`sequence`], [`anomaly`] | the other rule kinds |
+//! | [`output`] | the output record |
+//! | [`metrics`] | `streamstate_rule_*` metrics |
+//!
+//! The engine keeps compiled rules in memory, rebuilt from the runtime's broadcast state
+//! `rules` in every `open` (start and every restore). All per-key state is keyed state in
+//! namespaces that start with the rule id and version (see [`window`]), so a new version
+//! starts fresh and a timer knows whether the rule that set it is still in force.
+//! Language reference: `docs/rules.md`.
+
+pub mod aggregate;
+pub mod anomaly;
+pub mod dedup;
+pub mod metrics;
+pub mod output;
+pub mod predicate;
+pub mod sequence;
+pub mod spec;
+pub mod window;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use streamstate_state::{
+    MapState, MapStateDescriptor, StateStore, TimeDomain, TtlConfig, ValueState, ValueStateDescriptor,
+};
 
 use crate::config::Config;
-use crate::function::{BroadcastContext, BroadcastUpdate, Event, FunctionError, KeyedContext, OpenContext, Output, ProcessFunction};
+use crate::control::StoredRule;
+use crate::function::{
+    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext, Output, ProcessFunction,
+};
 use crate::metrics::Metrics;
 
+use self::aggregate::{Acc, Sessions};
+use self::anomaly::ModelState;
+use self::metrics::RuleMetrics;
+use self::sequence::Partial;
+use self::spec::{Kind, Rule};
+
+/// What the engine needs from the job's configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineOptions {
+    /// `[job] timestamp` is set: windows and sequences close on the watermark.
+    pub event_time: bool,
+    /// `[job] state_ttl`: per-key state of running aggregates, sequences and anomaly
+    /// models expires after this long without a write.
+    pub state_ttl: Option<Duration>,
+}
+
+/// Keyed-state handles, obtained in `open`.
+pub(crate) struct States {
+    store: StateStore,
+    /// Tumbling/sliding window accumulators (cleared when the window closes).
+    pub win_acc: ValueState<Acc>,
+    /// distinct_count values of a window or session.
+    pub win_distinct: MapState<String, bool>,
+    pub run_acc: ValueState<Acc>,
+    pub run_distinct: MapState<String, bool>,
+    pub sessions: ValueState<Sessions>,
+    /// compare: the last closed window values of a key, `(window start, value)`.
+    pub history: ValueState<Vec<(i64, f64)>>,
+    pub sequence: ValueState<Vec<Partial>>,
+    pub anomaly: ValueState<ModelState>,
+    /// Dedup maps, one state per TTL (a state's TTL is fixed by its descriptor).
+    dedup: HashMap<u64, MapState<String, u64>>,
+}
+
+impl States {
+    fn open(ctx: &OpenContext<'_>, state_ttl: Option<Duration>) -> Result<Self, FunctionError> {
+        // A state's TTL cannot be switched on or off once it holds data, so the name says
+        // whether it has one: changing `state_ttl` on/off starts these states afresh.
+        fn ttl_name(n: &str, ttl: Option<Duration>) -> String {
+            if ttl.is_some() { format!("{n}.ttl") } else { n.to_string() }
+        }
+        fn value<T: Clone>(n: &str, ttl: Option<Duration>) -> ValueStateDescriptor<T> {
+            let d = ValueStateDescriptor::new(ttl_name(n, ttl));
+            match ttl {
+                Some(t) => d.with_ttl(TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter()),
+                None => d,
+            }
+        }
+        let mut run_distinct = MapStateDescriptor::new(ttl_name("rules.running.distinct", state_ttl));
+        if let Some(t) = state_ttl {
+            run_distinct = run_distinct.with_ttl(TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter());
+        }
+        Ok(Self {
+            store: ctx.store.clone(),
+            win_acc: ctx.value_state(&ValueStateDescriptor::new("rules.window.acc"))?,
+            win_distinct: ctx.map_state(&MapStateDescriptor::new("rules.window.distinct"))?,
+            run_acc: ctx.value_state(&value("rules.running.acc", state_ttl))?,
+            run_distinct: ctx.map_state(&run_distinct)?,
+            sessions: ctx.value_state(&ValueStateDescriptor::new("rules.sessions"))?,
+            history: ctx.value_state(&value("rules.compare.history", state_ttl))?,
+            sequence: ctx.value_state(&value("rules.sequence", state_ttl))?,
+            anomaly: ctx.value_state(&value("rules.anomaly", state_ttl))?,
+            dedup: HashMap::new(),
+        })
+    }
+
+    /// The dedup map whose entries expire `ttl_ms` after they are written (processing
+    /// time), registered on first use.
+    pub fn dedup(&mut self, ttl_ms: u64) -> Result<MapState<String, u64>, FunctionError> {
+        if let Some(m) = self.dedup.get(&ttl_ms) {
+            return Ok(m.clone());
+        }
+        let ttl = TtlConfig::new(Duration::from_millis(ttl_ms)).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter();
+        let m = self.store.map_state(&MapStateDescriptor::new(format!("rules.dedup.{ttl_ms}ms")).with_ttl(ttl))?;
+        self.dedup.insert(ttl_ms, m.clone());
+        Ok(m)
+    }
+}
+
+/// Per-call helpers: time domain, timers, output.
+pub(crate) struct Env<'a, 'c> {
+    pub ctx: &'a KeyedContext<'c>,
+    pub metrics: &'a RuleMetrics,
+    pub event_time: bool,
+}
+
+impl Env<'_, '_> {
+    pub fn register_timer(&self, ts: u64) -> Result<(), FunctionError> {
+        if self.event_time { self.ctx.register_event_time_timer(ts) } else { self.ctx.register_processing_time_timer(ts) }
+    }
+    pub fn delete_timer(&self, ts: u64) -> Result<(), FunctionError> {
+        if self.event_time { self.ctx.delete_event_time_timer(ts) } else { self.ctx.delete_processing_time_timer(ts) }
+    }
+    /// Watermark in event-time mode; `None` in processing time.
+    pub fn watermark(&self) -> Option<u64> {
+        if self.event_time { self.ctx.current_watermark_ms() } else { None }
+    }
+    pub fn set_namespace(&self, ns: &[u8]) {
+        self.ctx.set_namespace(ns);
+    }
+    pub fn eval_error(&self, reason: &'static str) {
+        self.metrics.evaluation_errors.with_label_values(&[reason]).inc();
+    }
+    pub fn emit(&self, out: &mut Output, rule: &Rule, key: &str, record: &Value) -> Result<(), FunctionError> {
+        self.metrics.outputs.with_label_values(&[rule.kind.name()]).inc();
+        out.emit_to(rule.output_topic.as_deref(), key, record)
+    }
+}
+
 pub struct RuleEngine {
-    _metrics: Metrics,
+    options: EngineOptions,
+    metrics: RuleMetrics,
+    /// Rules in force, by id (iteration order = output order, deterministic).
+    rules: BTreeMap<String, Arc<Rule>>,
+    states: Option<States>,
+}
+
+/// The runtime's broadcast state of accepted rules (see `control.rs`).
+fn rules_descriptor() -> MapStateDescriptor<String, StoredRule> {
+    MapStateDescriptor::new("rules")
 }
 
 impl RuleEngine {
-    pub fn new(_config: &Config, metrics: Metrics) -> Self {
-        Self { _metrics: metrics }
+    pub fn new(config: &Config, metrics: Metrics) -> Self {
+        let options = EngineOptions { event_time: config.job.timestamp.is_some(), state_ttl: config.job.state_ttl };
+        Self::with_options(options, metrics.registry())
+    }
+
+    pub fn with_options(options: EngineOptions, registry: &prometheus::Registry) -> Self {
+        Self { options, metrics: RuleMetrics::new(registry), rules: BTreeMap::new(), states: None }
+    }
+
+    /// Ids and versions of the rules in force.
+    pub fn rules(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.rules.values().map(|r| (r.id.as_str(), r.version))
+    }
+
+    pub fn metrics(&self) -> &RuleMetrics {
+        &self.metrics
     }
 }
 
 impl ProcessFunction for RuleEngine {
-    fn open(&mut self, _: &OpenContext<'_>) -> Result<(), FunctionError> {
-        Ok(())
-    }
-    fn process_element(&mut self, _: &Event<'_>, _: &KeyedContext<'_>, _: &mut Output) -> Result<(), FunctionError> {
-        Ok(())
-    }
-    fn process_broadcast_element(&mut self, u: &BroadcastUpdate<'_>, _: &BroadcastContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
-        if u.body.is_some() {
-            out.reject("rule_unsupported", "the rule engine is not built yet");
+    fn open(&mut self, ctx: &OpenContext<'_>) -> Result<(), FunctionError> {
+        self.states = Some(States::open(ctx, self.options.state_ttl)?);
+        self.rules.clear();
+        for (id, stored) in ctx.broadcast_state(&rules_descriptor()).entries()? {
+            let Some(body) = stored.body else { continue };
+            let compiled = serde_json::from_str::<Value>(&body)
+                .map_err(|e| spec::RuleError::new(spec::reason::INVALID, e.to_string()))
+                .and_then(|v| spec::compile(&v));
+            match compiled {
+                Ok(rule) => {
+                    self.rules.insert(id, Arc::new(rule));
+                }
+                // Accepted once, so only a language change can refuse it now: keep running
+                // without it rather than stopping the job.
+                Err(e) => tracing::error!(rule = %id, version = stored.version, reason = e.reason, error = %e, "stored rule no longer compiles; not in force"),
+            }
         }
         Ok(())
     }
+
+    fn process_element(&mut self, event: &Event<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+        let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
+        let env = Env { ctx, metrics: &self.metrics, event_time: self.options.event_time };
+        for rule in self.rules.values() {
+            if rule.filter.as_ref().is_some_and(|f| !f.eval(event.value)) {
+                continue;
+            }
+            self.metrics.matches.with_label_values(&[rule.kind.name()]).inc();
+            match &rule.kind {
+                Kind::Aggregate(a) => aggregate::on_event(&env, states, rule, a, event, out)?,
+                Kind::Dedup(d) => dedup::on_event(&env, states, rule, d, event, out)?,
+                Kind::Sequence(s) => sequence::on_event(&env, states, rule, s, event, out)?,
+                Kind::Anomaly(a) => anomaly::on_event(&env, states, rule, a, event, out)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn process_broadcast_element(
+        &mut self,
+        update: &BroadcastUpdate<'_>,
+        _: &BroadcastContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
+        let Some(body) = update.body else {
+            self.rules.remove(update.id);
+            return Ok(());
+        };
+        match spec::compile(body) {
+            Ok(rule) if rule.id != update.id || rule.version != update.version => out.reject(
+                spec::reason::INVALID,
+                format!("id/version in the body ({}, {}) differ from the record's ({}, {})", rule.id, rule.version, update.id, update.version),
+            ),
+            Ok(rule) => {
+                self.rules.insert(rule.id.clone(), Arc::new(rule));
+            }
+            Err(e) => out.reject(e.reason, format!("rule {} version {}: {}", update.id, update.version, e.message)),
+        }
+        Ok(())
+    }
+
+    fn on_timer(&mut self, timer: &FiredTimer<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+        let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
+        let Some(ns) = window::parse(timer.namespace) else { return Ok(()) };
+        let expected = if self.options.event_time { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
+        if timer.domain != expected {
+            return Ok(());
+        }
+        let env = Env { ctx, metrics: &self.metrics, event_time: self.options.event_time };
+        let key = String::from_utf8_lossy(timer.key);
+        let live = self.rules.get(ns.id).filter(|r| r.version == ns.version);
+        match (live.map(|r| (&**r, &r.kind)), ns.tag) {
+            (Some((rule, Kind::Aggregate(a))), window::WINDOW) => {
+                aggregate::on_window_timer(&env, states, rule, a, &key, ns.arg.unwrap_or(0), timer.timestamp_ms, out)
+            }
+            (Some((rule, Kind::Aggregate(a))), window::SESSIONS) => {
+                aggregate::on_session_timer(&env, states, rule, a, &key, timer.timestamp_ms, out)
+            }
+            (Some((rule, Kind::Sequence(s))), window::SEQUENCE) => sequence::on_timer(&env, states, rule, s, timer.timestamp_ms),
+            // The rule was deleted or replaced: its state is never read again; drop what the
+            // timer scoped, emit nothing.
+            (_, window::WINDOW) => {
+                states.win_acc.clear()?;
+                Ok(states.win_distinct.clear()?)
+            }
+            (_, window::SESSIONS) => aggregate::drop_sessions(&env, states, timer.namespace),
+            (_, window::SEQUENCE) => Ok(states.sequence.clear()?),
+            _ => Ok(()),
+        }
+    }
 }
+
+#[cfg(test)]
+mod tests;

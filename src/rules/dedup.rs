@@ -1,0 +1,45 @@
+//! `kind: "dedup"`: the first event per field value within the TTL is emitted; later
+//! ones are dropped and counted.
+//!
+//! Each seen value is one entry of a TTL'd map state (entry = first-seen time; the
+//! state layer's processing-time TTL removes it `ttl` after it was written). The
+//! decision itself compares the event's time with the stored first-seen time, so in
+//! event-time mode duplicates are judged by event time; the state TTL is cleanup.
+
+use serde_json::json;
+
+use super::output::record;
+use super::spec::{DedupSpec, Rule};
+use super::window::{self, namespace};
+use super::{Env, States};
+use crate::function::{Event, FunctionError, Output};
+
+pub(crate) fn on_event(
+    env: &Env<'_, '_>,
+    st: &mut States,
+    rule: &Rule,
+    d: &DedupSpec,
+    ev: &Event<'_>,
+    out: &mut Output,
+) -> Result<(), FunctionError> {
+    let Some(v) = d.field.resolve(ev.value) else {
+        env.eval_error("field_missing");
+        return Ok(());
+    };
+    let seen = st.dedup(d.ttl_ms)?;
+    env.set_namespace(&namespace(&rule.id, rule.version, window::DEDUP, None));
+    let k = v.to_string();
+    let ts = ev.timestamp_ms;
+    match seen.get(&k)? {
+        Some(first) if ts < first.saturating_add(d.ttl_ms) => {
+            env.metrics.dedup_dropped.inc();
+            Ok(())
+        }
+        _ => {
+            seen.put(&k, &ts)?;
+            let extra = vec![("dedup", json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms}))];
+            let r = record(rule, ev.key, ev.value.clone(), None, Some(ev.source), ts, extra);
+            env.emit(out, rule, ev.key, &r)
+        }
+    }
+}
