@@ -4,11 +4,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use common::*;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::Consumer;
+
+const SIGABRT: i32 = 6;
 
 fn count_rule(version: u64) -> String {
     format!(
@@ -113,7 +116,7 @@ fn timed_events(n: usize, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
 }
 
 #[test]
-fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills() {
+fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_crashes() {
     let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).min(8);
     let job = rules_job("rule-eo", 4, "");
     // Event time, so the reference model can say which window every event is in.
@@ -138,7 +141,9 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills() {
             ),
         ],
     );
-    let evs = timed_events(600 * kills.max(5), 3);
+    let mut evs = timed_events(600 * kills.max(5), 3);
+    // The last 30% go in one chunk per failpoint crash below.
+    let tail = evs.split_off(evs.len() * 7 / 10);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_500)));
     let mut rng = rand::rng();
@@ -154,6 +159,16 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills() {
         service.sigkill();
     }
     feeder.join().expect("feeder");
+    // Then a crash at each step of the commit protocol, with the rules' state in flight.
+    let failpoints = ["mid-batch", "before-snapshot", "after-snapshot", "before-commit", "after-commit"];
+    for (failpoint, chunk) in failpoints.iter().zip(tail.chunks(tail.len().div_ceil(failpoints.len()))) {
+        produce_all(&job.input, chunk, None);
+        let skip = if *failpoint == "mid-batch" { rng.random_range(10..chunk.len().max(11) as u32) } else { rng.random_range(0..3) };
+        let spec = format!("{failpoint}={skip}*off->return");
+        let mut service = job.spawn_with(&[], &[("FAILPOINTS", spec.as_str())]);
+        let status = service.wait_exit(Duration::from_secs(90));
+        assert_eq!(status.signal(), Some(SIGABRT), "expected a crash at {spec}, got {status}; log:\n{}", service.log());
+    }
     let mut service = job.spawn();
     wait_all_committed(&job, &mut service);
     service.sigkill();
@@ -212,7 +227,7 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills() {
     assert_eq!(got_windows, expected_windows, "closed windows, each once, with the model's sums");
     assert!(expected_windows.len() > 100, "the run must close many windows ({})", expected_windows.len());
     eprintln!(
-        "rule engine under {kills} SIGKILLs in {:?}: {} counts, {} dedup, {} windows checked",
+        "rule engine under {kills} SIGKILLs and 5 failpoint crashes in {:?}: {} counts, {} dedup, {} windows checked",
         started.elapsed(),
         got_count.len(),
         got_dedup.len(),

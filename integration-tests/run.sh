@@ -38,6 +38,9 @@ moto="$root/integration-tests/s3/moto.sh"
 trap '"$moto" stop || true' EXIT
 STREAMSTATE_TEST_S3_ENDPOINT="$("$moto" endpoint)"
 export STREAMSTATE_TEST_S3_ENDPOINT
+# Python with `jsonschema`, for the test that validates the rule JSON Schema.
+STREAMSTATE_TEST_PYTHON="$("$moto" python | tail -n1)"
+export STREAMSTATE_TEST_PYTHON
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 
 # Tests run the binary built with crash points (`failpoints`): inert unless a test sets

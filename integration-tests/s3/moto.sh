@@ -22,6 +22,8 @@ set -euo pipefail
 # Pinned so every machine tests against the same server behaviour (conditional PUTs,
 # multipart uploads); bump deliberately.
 MOTO_VERSION="5.2.5"
+# Also in the venv: the JSON Schema validator the rule-schema test uses.
+JSONSCHEMA_VERSION="4.26.0"
 
 MOTO_HOME_DIR="${STREAMSTATE_MOTO_HOME:-/var/tmp/streamstate-moto}"
 MOTO_PORT="${MOTO_PORT:-19000}"
@@ -48,7 +50,7 @@ with_lock() {
 # ---------------------------------------------------------------- venv
 
 ensure_venv() {
-    if [[ -x "$VENV/bin/moto_server" && "$(cat "$INSTALLED_MARKER" 2>/dev/null)" == "$MOTO_VERSION" ]]; then
+    if [[ -x "$VENV/bin/moto_server" && "$(cat "$INSTALLED_MARKER" 2>/dev/null)" == "$MOTO_VERSION+$JSONSCHEMA_VERSION" ]]; then
         return 0
     fi
     command -v "$PYTHON" >/dev/null 2>&1 \
@@ -62,12 +64,12 @@ ensure_venv() {
         rm -rf "$VENV"
         die "'$PYTHON -m venv' failed: on Debian/Ubuntu install the venv module (apt-get install python3-venv), or point PYTHON at an interpreter that has it"
     fi
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "moto[server]==$MOTO_VERSION"; then
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "moto[server]==$MOTO_VERSION" "jsonschema==$JSONSCHEMA_VERSION"; then
         rm -rf "$VENV"
         die "pip install moto[server]==$MOTO_VERSION failed (is PyPI reachable?)"
     fi
     [[ -x "$VENV/bin/moto_server" ]] || die "moto installed but $VENV/bin/moto_server is missing"
-    printf '%s' "$MOTO_VERSION" >"$INSTALLED_MARKER"
+    printf '%s' "$MOTO_VERSION+$JSONSCHEMA_VERSION" >"$INSTALLED_MARKER"
 }
 
 # ---------------------------------------------------------------- process
@@ -213,6 +215,7 @@ case "${1:-}" in
     stop) with_lock; cmd_stop ;;
     status) cmd_status ;;
     endpoint) printf '%s\n' "$ENDPOINT" ;;
+    python) with_lock; ensure_venv; printf '%s\n' "$VENV/bin/python" ;;
     *)
         sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2

@@ -25,7 +25,7 @@ fn harness(backend: BackendKind, event_time: bool, out_of_order_ms: u64, state_t
     let store = StateStore::open_with_clock(StoreConfig::new(backend, dir.path().join("state"), 4), clock.clone()).expect("store");
     let registry = prometheus::Registry::new();
     let engine = RuleEngine::with_options(EngineOptions { event_time, state_ttl }, &registry);
-    let time = EventTime { enabled: event_time, max_out_of_orderness: Duration::from_millis(out_of_order_ms) };
+    let time = EventTime { enabled: event_time, max_out_of_orderness: Duration::from_millis(out_of_order_ms), idle_timeout: None };
     let d = Driver::new(store, Box::new(engine), time).expect("driver");
     H { d, clock, offset: 0, registry, dir }
 }
@@ -643,7 +643,8 @@ fn every_example_in_the_docs_is_accepted() {
 }
 
 /// The JSON Schema accepts every doc example and refuses malformed rules. No Rust JSON
-/// Schema crate is in the build; Python's `jsonschema` checks it when present.
+/// Schema crate is in the build; Python's `jsonschema` checks it (`run.sh` installs it and
+/// sets `STREAMSTATE_TEST_PYTHON`; without it this test fails, it never skips).
 #[test]
 fn schema_accepts_the_examples_and_refuses_malformed_rules() {
     let schema = include_str!("../../schemas/rule-v1.schema.json");
@@ -663,10 +664,7 @@ fn schema_accepts_the_examples_and_refuses_malformed_rules() {
     }
     let script = r#"
 import json, sys
-try:
-    import jsonschema
-except ImportError:
-    print("SKIP"); sys.exit(0)
+import jsonschema
 d = json.load(sys.stdin)
 v = jsonschema.Draft202012Validator(d["schema"])
 jsonschema.Draft202012Validator.check_schema(d["schema"])
@@ -675,23 +673,21 @@ ok = [i for i, r in enumerate(d["bad"]) if v.is_valid(r)]
 print(json.dumps({"good_refused": bad, "bad_accepted": ok}))
 "#;
     let input = json!({"schema": schema_v, "good": good, "bad": bad}).to_string();
-    let child = std::process::Command::new("python3")
+    let python = std::env::var("STREAMSTATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let child = std::process::Command::new(&python)
         .args(["-c", script])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn();
-    let Ok(mut child) = child else {
-        eprintln!("python3 not found: schema check skipped");
-        return;
-    };
+    let mut child = child.unwrap_or_else(|e| panic!("{python}: {e} (set STREAMSTATE_TEST_PYTHON to a Python with jsonschema)"));
     use std::io::Write as _;
     child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
     let out = child.wait_with_output().expect("python");
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    if text == "SKIP" {
-        eprintln!("python jsonschema not installed: schema check skipped");
-        return;
-    }
+    assert!(
+        out.status.success(),
+        "{python} could not check the schema (needs `jsonschema`; run.sh sets STREAMSTATE_TEST_PYTHON): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(text, r#"{"good_refused": [], "bad_accepted": []}"#);
 }
