@@ -116,6 +116,8 @@ fn demo_runs_without_a_broker_and_metrics_rise() {
     for w in samples.windows(2) {
         assert!(w[1].0 > w[0].0 && w[1].1 > w[0].1, "consumed and produced must rise: {samples:?}");
     }
+    let (_, body) = http("GET", admin, "/metrics").expect("scrape");
+    assert_eq!(metric_sum(&body, "streamstate_rules_active"), 5.0, "the demo's five rules are in force");
     let status = child.wait().expect("demo exit");
     let stderr = std::fs::read_to_string(&log_path).expect("demo log");
     assert!(status.success(), "demo must exit 0 after --duration; stderr:\n{stderr}");

@@ -29,7 +29,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             bootstrap_servers: bootstrap,
             app_id: "demo".into(),
             input_topics: vec!["events".into()],
-            output_topic: "counts".into(),
+            output_topic: "results".into(),
             control_topic: Some("rules".into()),
             dead_letter_topic: "events-dlq".into(),
             start_offsets: StartOffsets::Earliest,
@@ -44,7 +44,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             max_record_bytes: 1 << 20,
             max_key_bytes: 4096,
             instance: 0,
-            function: FunctionKind::Count,
+            function: FunctionKind::Rules,
             timestamp: None,
             max_out_of_orderness: Duration::from_secs(5),
             idle_timeout: None,
@@ -62,10 +62,47 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
 /// Starts the mock cluster and the event generator; returns the cluster (keep it alive).
 pub fn start_cluster() -> anyhow::Result<MockCluster<'static, rdkafka::producer::DefaultProducerContext>> {
     let cluster = MockCluster::new(1).context("starting librdkafka's mock cluster")?;
-    for (topic, partitions) in [("events", 4), ("counts", 4), ("events-dlq", 1), ("rules", 1)] {
+    for (topic, partitions) in [("events", 4), ("results", 4), ("alerts", 1), ("events-dlq", 1), ("rules", 1)] {
         cluster.create_topic(topic, partitions, 1).with_context(|| format!("creating topic {topic}"))?;
     }
+    publish_rules(&cluster.bootstrap_servers())?;
     Ok(cluster)
+}
+
+/// One rule of each kind, published before the job starts (it reads the control topic
+/// to its end before any input). `rules/*.json` under docs show more.
+pub const DEMO_RULES: &[(&str, &str)] = &[
+    (
+        "events-per-user",
+        r#"{"id":"events-per-user","version":1,"kind":"aggregate","aggregate":{"fn":"count","emit":"every_event"}}"#,
+    ),
+    (
+        "big-spender",
+        r#"{"id":"big-spender","version":1,"filter":{"field":"/type","eq":"pay"},"kind":"aggregate",
+            "aggregate":{"fn":"sum","field":"/amount","window":{"type":"tumbling","size":"10s"},
+                         "having":{"gt":1500},"emit":"on_match"},"output_topic":"alerts"}"#,
+    ),
+    ("first-event-id", r#"{"id":"first-event-id","version":1,"kind":"dedup","dedup":{"field":"/event_id","ttl":"1m"}}"#),
+    (
+        "login-then-pay",
+        r#"{"id":"login-then-pay","version":1,"kind":"sequence",
+            "sequence":{"steps":[{"field":"/type","eq":"login"},{"field":"/type","eq":"pay"}],"within":"30s"},
+            "output_topic":"alerts"}"#,
+    ),
+    (
+        "odd-amount",
+        r#"{"id":"odd-amount","version":1,"kind":"anomaly",
+            "anomaly":{"field":"/amount","model":"welford","z_gt":2.5,"min_samples":20},"output_topic":"alerts"}"#,
+    ),
+];
+
+fn publish_rules(bootstrap: &str) -> anyhow::Result<()> {
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    for (id, rule) in DEMO_RULES {
+        producer.send(BaseRecord::to("rules").key(*id).payload(*rule)).map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(10))?;
+    Ok(())
 }
 
 /// Produces sample events (1% of them garbage) at a steady rate until shutdown.
@@ -84,8 +121,10 @@ pub fn generate(bootstrap: String, control: Arc<Control>) -> anyhow::Result<()> 
                 "{this is not json".to_string()
             } else {
                 let action = actions[rng.random_range(0..actions.len())];
-                let amount = rng.random_range(1..500);
-                format!(r#"{{"user_id":"{user}","type":"{action}","amount":{amount},"event_id":"e{sent}"}}"#)
+                let amount = if rng.random_ratio(1, 200) { rng.random_range(2_000..5_000) } else { rng.random_range(1..500) };
+                // 1% re-sends of an earlier event id, for the dedup rule.
+                let id = if sent > 0 && rng.random_ratio(1, 100) { rng.random_range(0..sent) } else { sent };
+                format!(r#"{{"user_id":"{user}","type":"{action}","amount":{amount},"event_id":"e{id}"}}"#)
             };
             let record = BaseRecord::to("events").key(user.as_str()).payload(payload.as_str());
             if let Err((e, _)) = producer.send(record) {
@@ -117,7 +156,20 @@ pub fn report(metrics: Metrics, control: Arc<Control>, admin: SocketAddr) {
             produced = sum(&metrics.records_produced),
             dead_lettered = sum(&metrics.records_dead_lettered),
             checkpoints = metrics.checkpoints_completed.get(),
+            rules = metrics.rules_active.get(),
             "demo progress"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_demo_rule_compiles() {
+        for (id, rule) in super::DEMO_RULES {
+            let value: serde_json::Value = serde_json::from_str(rule).unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert_eq!(value["id"], *id);
+            streamstate::rules::spec::compile(&value).unwrap_or_else(|e| panic!("{id}: {e}"));
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! - [`source`]: the Kafka consumer with manual assignment; offsets are the service's own.
 //! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic.
 //! - [`function`]: the process-function API (Flink's `KeyedBroadcastProcessFunction`);
-//!   [`functions`] holds the built-in ones, [`rules`] the rule engine.
+//!   [`functions`] holds the built-in ones, [`rules`] the rule engine (itself a function).
 //! - [`driver`]: runs one function over the state store: key scope, event time, timers.
 //! - [`control`]: control-topic records → versioned updates, kept in broadcast state.
 //! - [`sink`]: the transactional producer, one transaction per checkpoint epoch.
