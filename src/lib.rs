@@ -41,6 +41,7 @@ pub use streamstate_state as state;
 
 pub mod admin;
 pub mod checkpoint;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod decode;
