@@ -45,7 +45,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             storage: format!("file://{}", work.join("checkpoints").display()),
             ..CheckpointConfig::default()
         },
-        admin: AdminConfig { listen: admin },
+        admin: AdminConfig { listen: admin, ..AdminConfig::default() },
     }
 }
 

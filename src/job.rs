@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::Message;
@@ -21,10 +21,16 @@ use crate::checkpoint::{
 use crate::config::{Config, StartOffsets};
 use crate::control::{RuleOutcome, Rules, RulesView};
 use crate::decode::Decoder;
+use crate::history::{CheckpointRecord, History, Trigger};
 use crate::metrics::Metrics;
 use crate::process::{CountJob, ProcessError};
+use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
+
+// Admin requests, savepoints, shutdown and observation: the job's edges, kept out of
+// the commit protocol below.
+mod serve;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -49,6 +55,8 @@ pub enum JobError {
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
     StateDir { path: PathBuf, source: std::io::Error },
+    #[error("savepoint {id}: {reason}")]
+    Savepoint { id: String, reason: String },
 }
 
 /// Flags shared with the admin server and signal handlers; the loop only reads them.
@@ -60,14 +68,27 @@ pub struct Control {
     pub alive: AtomicBool,
     /// The rules in force, as the job loop last applied them.
     pub rules: RulesView,
+    /// Admin requests the loop serves between polls.
+    pub requests: Requests,
+    /// Checkpoints and savepoints this run took, for the admin API.
+    pub history: History,
+    /// Unix ms of the loop's last turn (0 while starting); `/livez` checks it.
+    pub heartbeat_ms: AtomicU64,
 }
 
 /// Choices made at start by the operator, not by the config file.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// When the committed checkpoint is missing or broken, restore the newest older one
     /// that is intact. Its offsets are older, so records in between are processed again.
     pub allow_older_checkpoint: bool,
+    /// Restore this savepoint (`sp-<n>-<run>`) instead of the committed checkpoint.
+    pub from_savepoint: Option<String>,
+    /// Base URL of the savepoint; default `<checkpoint.storage>/savepoints`.
+    pub savepoint_location: Option<String>,
+    /// Restore the savepoint even though the group's committed offsets differ from its
+    /// offsets (records after them may be processed twice, or skipped).
+    pub ignore_committed_offsets: bool,
 }
 
 pub struct Job {
@@ -81,6 +102,11 @@ pub struct Job {
     last_committed: Option<CheckpointRef>,
     start: Start,
     pipeline: Pipeline,
+    requests: Option<std::sync::mpsc::Receiver<Request>>,
+    /// `POST /stop`'s reply, answered once the final checkpoint is committed.
+    stopping: Option<(Option<crate::history::SavepointRecord>, Reply<Option<crate::history::SavepointRecord>>)>,
+    /// State came from a savepoint: checkpoint it before processing anything.
+    restored_from_savepoint: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -123,13 +149,19 @@ impl Job {
             input: source.start_offsets(&parts, config.kafka.start_offsets)?,
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
-        let (state, manifest) = match committed {
-            None => {
+        let from_savepoint = match &options.from_savepoint {
+            Some(id) => Some(serve::restore_savepoint(&config, &options, id, committed.as_ref())?),
+            None => None,
+        };
+        let restored_from_savepoint = from_savepoint.is_some();
+        let (state, manifest) = match (from_savepoint, committed) {
+            (Some((state, manifest)), _) => (state, Some(manifest)),
+            (None, None) => {
                 info!("no committed checkpoint: first start with empty state");
                 let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
                 (CountJob::fresh(&config, max_parallelism)?, None)
             }
-            Some(c) => {
+            (None, Some(c)) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
                     if manifest_offsets(&m.offsets) != c.offsets {
                         return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
@@ -146,10 +178,13 @@ impl Job {
                 };
                 storage.mark_complete(&manifest.checkpoint)?;
                 info!(checkpoint = %manifest.checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
+                let now = unix_ms();
+                control.history.record_checkpoint(CheckpointRecord::completed(Trigger::Restored, manifest.created_at_ms, now, &manifest, None));
                 (state, Some(manifest))
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
+        metrics.restore_bytes.set(manifest.as_ref().map_or(0, |m| m.state.total_size() as i64));
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
         source.assign(offsets.iter().chain(&control_offsets))?;
         let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
@@ -167,7 +202,6 @@ impl Job {
         );
         let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets, rules, control_offsets };
         Ok(Self {
-            control,
             source,
             storage,
             run: CheckpointRef::new_run(),
@@ -175,32 +209,40 @@ impl Job {
             last_committed: manifest.map(|m| m.checkpoint),
             start,
             pipeline,
+            requests: control.requests.take_receiver(),
+            stopping: None,
+            restored_from_savepoint,
+            control,
         })
     }
 
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
     pub fn run(mut self) -> Result<(), JobError> {
         self.pipeline.sink.begin()?;
+        if self.restored_from_savepoint {
+            // Recovery must never need the savepoint again: make its state a checkpoint
+            // before any record. A failure here ends the run (a restart retries it).
+            self.checkpoint(Trigger::AfterSavepointRestore)?;
+            self.pipeline.sink.begin()?;
+        }
         self.control.ready.store(true, Ordering::SeqCst);
         let (interval, min_pause) = (self.pipeline.config.checkpoint.interval, self.pipeline.config.checkpoint.min_pause);
         let mut due = Instant::now() + interval;
+        let mut observed = Instant::now();
         loop {
             self.control.alive.store(true, Ordering::Relaxed);
+            self.control.heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
+            self.serve_requests()?;
+            if observed.elapsed() >= Duration::from_secs(1) {
+                self.observe();
+                observed = Instant::now();
+            }
             if self.control.shutdown.load(Ordering::SeqCst) {
-                self.control.ready.store(false, Ordering::SeqCst);
-                match self.checkpoint() {
-                    Ok(()) => info!("final checkpoint committed; shutting down"),
-                    Err(JobError::Sink(SinkError::Abortable(e))) => {
-                        warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
-                        self.pipeline.sink.abort()?;
-                    }
-                    Err(e) => return Err(e),
-                }
-                return Ok(());
+                return self.shut_down();
             }
             let now = Instant::now();
             if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
-                self.recover_abortable(|job| job.checkpoint())?;
+                self.recover_abortable(|job| job.checkpoint(Trigger::Periodic).map(drop))?;
                 self.pipeline.sink.begin()?;
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
@@ -210,7 +252,12 @@ impl Job {
                 continue;
             };
             let handled = match polled {
-                Ok(msg) => self.pipeline.handle(&msg),
+                Ok(msg) => {
+                    let started = Instant::now();
+                    let handled = self.pipeline.handle(&msg);
+                    self.pipeline.metrics.processing_duration.observe(started.elapsed().as_secs_f64());
+                    handled
+                }
                 Err(e) => {
                     warn!(error = %e, "consumer error (librdkafka retries by itself)");
                     Ok(())
@@ -260,9 +307,37 @@ impl Job {
         Ok(())
     }
 
+    /// A checkpoint, recorded in the history and the metrics whatever its outcome;
+    /// returns the committed manifest.
+    fn checkpoint(&mut self, trigger: Trigger) -> Result<Manifest, JobError> {
+        let (start_ms, name) = (unix_ms(), CheckpointRef::new(self.next_checkpoint_id, &self.run));
+        let result = self.take_checkpoint();
+        let end_ms = unix_ms();
+        let record = match &result {
+            Ok((manifest, written)) => CheckpointRecord::completed(trigger, start_ms, end_ms, manifest, Some(*written)),
+            Err(e) => {
+                self.pipeline.metrics.checkpoints_failed.inc();
+                warn!(checkpoint = %name, ?trigger, error = %e, "checkpoint failed");
+                CheckpointRecord::failed(name.id, name.to_string(), trigger, start_ms, end_ms, e.to_string())
+            }
+        };
+        if record.error.is_none() {
+            info!(
+                checkpoint = %record.name,
+                ?trigger,
+                bytes = record.size_bytes,
+                bytes_written = record.incremental_size_bytes,
+                ms = record.duration_ms,
+                "checkpoint completed"
+            );
+        }
+        self.control.history.record_checkpoint(record);
+        result.map(|(manifest, _)| manifest)
+    }
+
     /// Steps 2–4 of the protocol: durable snapshot, offsets into the transaction, commit,
     /// then mark complete and prune.
-    fn checkpoint(&mut self) -> Result<(), JobError> {
+    fn take_checkpoint(&mut self) -> Result<(Manifest, crate::checkpoint::WriteStats), JobError> {
         crash_point!("before-snapshot");
         let started = Instant::now();
         let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
@@ -300,22 +375,15 @@ impl Job {
         let secs = started.elapsed().as_secs_f64();
         p.metrics.checkpoints_completed.inc();
         p.metrics.checkpoint_duration.observe(secs);
-        p.metrics.last_checkpoint_bytes.set(written.bytes_written as i64);
-        p.metrics.last_checkpoint_full_bytes.set(written.bytes_total as i64);
+        p.metrics.last_checkpoint_incremental_bytes.set(written.bytes_written as i64);
+        p.metrics.last_checkpoint_bytes.set(written.bytes_total as i64);
         p.metrics
             .last_checkpoint_completed_timestamp
             .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
         for ((t, part), o) in &p.offsets {
             p.metrics.partition_offset.with_label_values(&[t, &part.to_string()]).set(*o);
         }
-        tracing::debug!(
-            checkpoint = %checkpoint,
-            bytes_written = written.bytes_written,
-            bytes_total = written.bytes_total,
-            seconds = secs,
-            "checkpoint completed"
-        );
-        Ok(())
+        Ok((manifest, written))
     }
 }
 
@@ -365,7 +433,7 @@ impl Pipeline {
             }
             Err(err) => {
                 self.dead_letter(msg, err.reason(), &err.to_string())?;
-                self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
+                self.metrics.records_dead_lettered.with_label_values(&[topic, &partition_label, err.reason()]).inc();
             }
         }
         self.offsets.insert((topic.to_string(), partition), offset + 1);
@@ -490,6 +558,10 @@ fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JobError::StateDir { path: path.to_path_buf(), source: e }),
         _ => Ok(()),
     }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn manifest_offsets(offsets: &[PartitionOffset]) -> Offsets {

@@ -14,6 +14,9 @@
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`job`]: the loop that ties them together and runs the commit protocol.
+//! - [`requests`]: the bounded channel from the admin server to the job loop.
+//! - [`history`]: checkpoints and savepoints the loop took, as the admin API shows them.
+//! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
 //!
 //! # The commit protocol
@@ -37,10 +40,13 @@ pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod decode;
+pub mod history;
 pub mod job;
 pub mod kafka_log;
 pub mod metrics;
 pub mod process;
+pub mod requests;
+pub mod savepoint;
 pub mod sink;
 pub mod source;
 

@@ -208,6 +208,13 @@ impl StateStore {
         self.lock().config.key_group_range
     }
 
+    /// (this instance's index, number of instances): with [`Self::max_parallelism`]
+    /// this names the owner of any key group ([`KeyGroupRange::for_instance`]).
+    pub fn instance(&self) -> (u32, u32) {
+        let g = self.lock();
+        (g.config.instance_index, g.config.instance_count)
+    }
+
     /// Whether state came from a snapshot or savepoint (Flink's `isRestored`).
     pub fn is_restored(&self) -> bool {
         self.lock().restored
