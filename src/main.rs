@@ -142,6 +142,7 @@ fn serve(config: Config, metrics: Metrics, control: Arc<Control>, options: Start
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    metrics.checkpoint_interval.set(config.checkpoint.interval.as_secs_f64());
     runtime.block_on(async {
         let listen = config.admin.listen;
         let listener =

@@ -36,6 +36,8 @@ pub struct Metrics {
     /// is stuck.
     time_since_last_checkpoint: Gauge,
     pub restore_bytes: IntGauge,
+    /// `checkpoint.interval`, so alerts can say "no checkpoint for 3 intervals".
+    pub checkpoint_interval: Gauge,
     pub state_size: IntGauge,
     pub state_keys: IntGauge,
     pub ttl_expired: IntCounter,
@@ -112,6 +114,7 @@ impl Metrics {
                 "streamstate_time_since_last_checkpoint_seconds",
                 "Seconds since the last completed checkpoint (since process start before the first).",
             )?,
+            checkpoint_interval: Gauge::new("streamstate_checkpoint_interval_seconds", "The configured checkpoint.interval.")?,
             restore_bytes: IntGauge::new("streamstate_restore_size_bytes", "Bytes of the checkpoint or savepoint restored at start.")?,
             state_size: IntGauge::new("streamstate_state_size_bytes", "Estimated bytes of live state (RocksDB SST files and memtables).")?,
             state_keys: IntGauge::new(
@@ -150,6 +153,7 @@ impl Metrics {
         m.registry.register(Box::new(m.checkpoints_failed.clone()))?;
         m.registry.register(Box::new(m.time_since_last_checkpoint.clone()))?;
         m.registry.register(Box::new(m.restore_bytes.clone()))?;
+        m.registry.register(Box::new(m.checkpoint_interval.clone()))?;
         m.registry.register(Box::new(m.state_size.clone()))?;
         m.registry.register(Box::new(m.state_keys.clone()))?;
         m.registry.register(Box::new(m.ttl_expired.clone()))?;
