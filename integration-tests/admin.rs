@@ -62,7 +62,10 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
     produce_rules(&job.control, &rule_records(0));
     // Every API-triggered checkpoint holds the loop for 1.5 s, so a second trigger
     // surely meets the first one in flight.
-    let mut service = job.spawn_with(&[], &[("FAILPOINTS", "admin-checkpoint=sleep(1500)")]);
+    // A 60 s interval (so the only checkpoint is the one the test triggers) needs a longer
+    // transaction timeout than the test config's.
+    let long = ("STREAMSTATE__KAFKA__TRANSACTION_TIMEOUT", "120s");
+    let mut service = job.spawn_with(&[], &[("FAILPOINTS", "admin-checkpoint=sleep(1500)"), long]);
     wait_ready(&job, &mut service);
     let a = call(job.admin, "GET", "/livez", false, b"");
     assert_eq!((a.status, a.json()["status"].as_str()), (200, Some("alive")), "{}", a.body);
@@ -160,7 +163,7 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
     // Restorable: after a crash the restart restores exactly the triggered checkpoint
     // (the 60 s interval took no other).
     service.sigkill();
-    let mut service = job.spawn();
+    let mut service = job.spawn_with(&[], &[long]);
     wait_ready(&job, &mut service);
     let log = service.log();
     assert!(log.contains("restored state from checkpoint") && log.contains(&name), "must restore {name}; log:\n{log}");
