@@ -222,11 +222,21 @@ pub struct AdminConfig {
     /// reaches the port could trigger checkpoints or stop the job.
     #[serde(default)]
     pub allow_unauthenticated: bool,
+    /// Directories besides the checkpoint storage's own under which `POST /savepoints`
+    /// may write a savepoint with a `file://` target. Absolute paths.
+    #[serde(default)]
+    pub savepoint_roots: Vec<PathBuf>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { listen: default_admin_listen(), token: None, token_file: None, allow_unauthenticated: false }
+        Self {
+            listen: default_admin_listen(),
+            token: None,
+            token_file: None,
+            allow_unauthenticated: false,
+            savepoint_roots: Vec::new(),
+        }
     }
 }
 
@@ -340,6 +350,9 @@ impl Config {
                  admin.allow_unauthenticated = true if the network is trusted",
             );
         }
+        if self.admin.savepoint_roots.iter().any(|r| !r.is_absolute()) {
+            return invalid("admin.savepoint_roots", "every entry must be an absolute path");
+        }
         self.admin_token()?;
         Ok(())
     }
@@ -364,25 +377,30 @@ impl Config {
 
     /// Where `checkpoint.storage` points.
     pub fn checkpoint_location(&self) -> Result<StorageLocation, ConfigError> {
-        let key = "checkpoint.storage";
-        let invalid = |reason: String| ConfigError::Invalid { key, reason };
-        let url = url::Url::parse(&self.checkpoint.storage).map_err(|e| invalid(format!("not a URL: {e}")))?;
-        match url.scheme() {
-            "file" => url
-                .to_file_path()
-                .map(StorageLocation::File)
-                .map_err(|()| invalid("file:// URL must hold an absolute path".into())),
-            "s3" => {
-                let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| invalid("s3:// URL needs a bucket".into()))?;
-                Ok(StorageLocation::S3 { bucket: bucket.to_string(), prefix: url.path().trim_matches('/').to_string() })
-            }
-            other => Err(invalid(format!("scheme `{other}` is not supported; use file:///path or s3://bucket/prefix"))),
-        }
+        parse_storage_url("checkpoint.storage", &self.checkpoint.storage)
     }
 
     /// `<app_id>-<instance>`: fences zombies of this same instance and nobody else.
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.kafka.app_id, self.job.instance)
+    }
+}
+
+/// Parses a storage URL (`file:///abs/path` or `s3://bucket/prefix`); `key` names the
+/// setting in errors.
+pub fn parse_storage_url(key: &'static str, url: &str) -> Result<StorageLocation, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid { key, reason };
+    let url = url::Url::parse(url).map_err(|e| invalid(format!("not a URL: {e}")))?;
+    match url.scheme() {
+        "file" => url
+            .to_file_path()
+            .map(StorageLocation::File)
+            .map_err(|()| invalid("file:// URL must hold an absolute path".into())),
+        "s3" => {
+            let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| invalid("s3:// URL needs a bucket".into()))?;
+            Ok(StorageLocation::S3 { bucket: bucket.to_string(), prefix: url.path().trim_matches('/').to_string() })
+        }
+        other => Err(invalid(format!("scheme `{other}` is not supported; use file:///path or s3://bucket/prefix"))),
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::Message;
@@ -25,9 +25,15 @@ use crate::decode::Decoder;
 use crate::driver::{Driver, EventTime};
 use crate::function::{BroadcastUpdate, FunctionError, OutputRecord, ProcessFunction, SourceRef};
 use crate::functions::Count;
+use crate::history::{CheckpointRecord, History, Trigger};
 use crate::metrics::Metrics;
+use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
+
+// Admin requests, savepoints, shutdown and observation: the job's edges, kept out of
+// the commit protocol below.
+mod serve;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -52,6 +58,8 @@ pub enum JobError {
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
     StateDir { path: PathBuf, source: std::io::Error },
+    #[error("savepoint {id}: {reason}")]
+    Savepoint { id: String, reason: String },
 }
 
 /// Flags shared with the admin server and signal handlers; the loop only reads them.
@@ -63,14 +71,27 @@ pub struct Control {
     pub alive: AtomicBool,
     /// The rules in force, as the job loop last applied them.
     pub rules: RulesView,
+    /// Admin requests the loop serves between polls.
+    pub requests: Requests,
+    /// Checkpoints and savepoints this run took, for the admin API.
+    pub history: History,
+    /// Unix ms of the loop's last turn (0 while starting); `/livez` checks it.
+    pub heartbeat_ms: AtomicU64,
 }
 
 /// Choices made at start by the operator, not by the config file.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// When the committed checkpoint is missing or broken, restore the newest older one
     /// that is intact. Its offsets are older, so records in between are processed again.
     pub allow_older_checkpoint: bool,
+    /// Restore this savepoint (`sp-<n>-<run>`) instead of the committed checkpoint.
+    pub from_savepoint: Option<String>,
+    /// Base URL of the savepoint; default `<checkpoint.storage>/savepoints`.
+    pub savepoint_location: Option<String>,
+    /// Restore the savepoint even though the group's committed offsets differ from its
+    /// offsets (records after them may be processed twice, or skipped).
+    pub ignore_committed_offsets: bool,
 }
 
 pub struct Job {
@@ -84,6 +105,11 @@ pub struct Job {
     last_committed: Option<CheckpointRef>,
     start: Start,
     pipeline: Pipeline,
+    requests: Option<std::sync::mpsc::Receiver<Request>>,
+    /// `POST /stop`'s reply, answered once the final checkpoint is committed.
+    stopping: Option<(Option<crate::history::SavepointRecord>, Reply<Option<crate::history::SavepointRecord>>)>,
+    /// State came from a savepoint: checkpoint it before processing anything.
+    restored_from_savepoint: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -142,13 +168,19 @@ impl Job {
             input: source.start_offsets(&parts, config.kafka.start_offsets)?,
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
-        let (store, manifest) = match committed {
-            None => {
+        let from_savepoint = match &options.from_savepoint {
+            Some(id) => Some(serve::restore_savepoint(&config, &options, id, committed.as_ref())?),
+            None => None,
+        };
+        let restored_from_savepoint = from_savepoint.is_some();
+        let (store, manifest) = match (from_savepoint, committed) {
+            (Some((store, manifest)), _) => (store, Some(manifest)),
+            (None, None) => {
                 info!("no committed checkpoint: first start with empty state");
                 let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
                 (fresh_store(&config, max_parallelism)?, None)
             }
-            Some(c) => {
+            (None, Some(c)) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
                     if manifest_offsets(&m.offsets) != c.offsets {
                         return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
@@ -165,16 +197,18 @@ impl Job {
                 };
                 storage.mark_complete(&manifest.checkpoint)?;
                 info!(checkpoint = %manifest.checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
+                let now = unix_ms();
+                control.history.record_checkpoint(CheckpointRecord::completed(Trigger::Restored, manifest.created_at_ms, now, &manifest, None));
                 (state, Some(manifest))
             }
         };
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
-        let event_time =
-            EventTime {
-                enabled: config.job.timestamp.is_some(),
-                max_out_of_orderness: config.job.max_out_of_orderness,
-                idle_timeout: config.job.idle_timeout,
-            };
+        metrics.restore_bytes.set(manifest.as_ref().map_or(0, |m| m.state.total_size() as i64));
+        let event_time = EventTime {
+            enabled: config.job.timestamp.is_some(),
+            max_out_of_orderness: config.job.max_out_of_orderness,
+            idle_timeout: config.job.idle_timeout,
+        };
         let state = Driver::new(store, function, event_time)?;
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
         let mut state = state;
@@ -196,7 +230,6 @@ impl Job {
         );
         let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets, rules, control_offsets };
         Ok(Self {
-            control,
             source,
             storage,
             run: CheckpointRef::new_run(),
@@ -204,33 +237,41 @@ impl Job {
             last_committed: manifest.map(|m| m.checkpoint),
             start,
             pipeline,
+            requests: control.requests.take_receiver(),
+            stopping: None,
+            restored_from_savepoint,
+            control,
         })
     }
 
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
     pub fn run(mut self) -> Result<(), JobError> {
         self.pipeline.sink.begin()?;
+        if self.restored_from_savepoint {
+            // Recovery must never need the savepoint again: make its state a checkpoint
+            // before any record. A failure here ends the run (a restart retries it).
+            self.checkpoint(Trigger::AfterSavepointRestore)?;
+            self.pipeline.sink.begin()?;
+        }
         self.recover_abortable(|job| job.catch_up_control())?;
         self.control.ready.store(true, Ordering::SeqCst);
         let (interval, min_pause) = (self.pipeline.config.checkpoint.interval, self.pipeline.config.checkpoint.min_pause);
         let mut due = Instant::now() + interval;
+        let mut observed = Instant::now();
         loop {
             self.control.alive.store(true, Ordering::Relaxed);
+            self.control.heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
+            self.serve_requests()?;
+            if observed.elapsed() >= Duration::from_secs(1) {
+                self.observe();
+                observed = Instant::now();
+            }
             if self.control.shutdown.load(Ordering::SeqCst) {
-                self.control.ready.store(false, Ordering::SeqCst);
-                match self.checkpoint() {
-                    Ok(()) => info!("final checkpoint committed; shutting down"),
-                    Err(JobError::Sink(SinkError::Abortable(e))) => {
-                        warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
-                        self.pipeline.sink.abort()?;
-                    }
-                    Err(e) => return Err(e),
-                }
-                return Ok(());
+                return self.shut_down();
             }
             let now = Instant::now();
             if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
-                self.recover_abortable(|job| job.checkpoint())?;
+                self.recover_abortable(|job| job.checkpoint(Trigger::Periodic).map(drop))?;
                 self.pipeline.sink.begin()?;
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
@@ -238,7 +279,12 @@ impl Job {
             let wait = (due - now).min(Duration::from_millis(100));
             let handled = match self.source.consumer().poll(wait) {
                 None => self.pipeline.fire_timers(),
-                Some(Ok(msg)) => self.pipeline.handle(&msg).and_then(|()| self.pipeline.fire_timers()),
+                Some(Ok(msg)) => {
+                    let started = Instant::now();
+                    let handled = self.pipeline.handle(&msg).and_then(|()| self.pipeline.fire_timers());
+                    self.pipeline.metrics.processing_duration.observe(started.elapsed().as_secs_f64());
+                    handled
+                }
                 Some(Err(e)) => {
                     warn!(error = %e, "consumer error (librdkafka retries by itself)");
                     Ok(())
@@ -271,7 +317,9 @@ impl Job {
             while Instant::now() < deadline {
                 match self.source.consumer().poll(Duration::from_millis(100)) {
                     Some(Ok(msg)) => {
+                        let started = Instant::now();
                         p.handle(&msg)?;
+                        p.metrics.processing_duration.observe(started.elapsed().as_secs_f64());
                         read += 1;
                     }
                     Some(Err(e)) => warn!(error = %e, "consumer error while reading the control topic"),
@@ -329,9 +377,37 @@ impl Job {
         Ok(())
     }
 
+    /// A checkpoint, recorded in the history and the metrics whatever its outcome;
+    /// returns the committed manifest.
+    fn checkpoint(&mut self, trigger: Trigger) -> Result<Manifest, JobError> {
+        let (start_ms, name) = (unix_ms(), CheckpointRef::new(self.next_checkpoint_id, &self.run));
+        let result = self.take_checkpoint();
+        let end_ms = unix_ms();
+        let record = match &result {
+            Ok((manifest, written)) => CheckpointRecord::completed(trigger, start_ms, end_ms, manifest, Some(*written)),
+            Err(e) => {
+                self.pipeline.metrics.checkpoints_failed.inc();
+                warn!(checkpoint = %name, ?trigger, error = %e, "checkpoint failed");
+                CheckpointRecord::failed(name.id, name.to_string(), trigger, start_ms, end_ms, e.to_string())
+            }
+        };
+        if record.error.is_none() {
+            info!(
+                checkpoint = %record.name,
+                ?trigger,
+                bytes = record.size_bytes,
+                bytes_written = record.incremental_size_bytes,
+                ms = record.duration_ms,
+                "checkpoint completed"
+            );
+        }
+        self.control.history.record_checkpoint(record);
+        result.map(|(manifest, _)| manifest)
+    }
+
     /// Steps 2–4 of the protocol: durable snapshot, offsets into the transaction, commit,
     /// then mark complete and prune.
-    fn checkpoint(&mut self) -> Result<(), JobError> {
+    fn take_checkpoint(&mut self) -> Result<(Manifest, crate::checkpoint::WriteStats), JobError> {
         crash_point!("before-snapshot");
         let started = Instant::now();
         let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
@@ -369,22 +445,15 @@ impl Job {
         let secs = started.elapsed().as_secs_f64();
         p.metrics.checkpoints_completed.inc();
         p.metrics.checkpoint_duration.observe(secs);
-        p.metrics.last_checkpoint_bytes.set(written.bytes_written as i64);
-        p.metrics.last_checkpoint_full_bytes.set(written.bytes_total as i64);
+        p.metrics.last_checkpoint_incremental_bytes.set(written.bytes_written as i64);
+        p.metrics.last_checkpoint_bytes.set(written.bytes_total as i64);
         p.metrics
             .last_checkpoint_completed_timestamp
             .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
         for ((t, part), o) in &p.offsets {
             p.metrics.partition_offset.with_label_values(&[t, &part.to_string()]).set(*o);
         }
-        tracing::debug!(
-            checkpoint = %checkpoint,
-            bytes_written = written.bytes_written,
-            bytes_total = written.bytes_total,
-            seconds = secs,
-            "checkpoint completed"
-        );
-        Ok(())
+        Ok((manifest, written))
     }
 }
 
@@ -410,7 +479,7 @@ impl Pipeline {
             }
             Err(err) => {
                 self.dead_letter(msg, err.reason(), &err.to_string())?;
-                self.metrics.records_dead_lettered.with_label_values(&[err.reason()]).inc();
+                self.metrics.records_dead_lettered.with_label_values(&[topic, &partition_label, err.reason()]).inc();
             }
         }
         self.offsets.insert((topic.to_string(), partition), offset + 1);
@@ -619,6 +688,10 @@ fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JobError::StateDir { path: path.to_path_buf(), source: e }),
         _ => Ok(()),
     }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn manifest_offsets(offsets: &[PartitionOffset]) -> Offsets {

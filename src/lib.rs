@@ -16,6 +16,9 @@
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`job`]: the loop that ties them together and runs the commit protocol.
+//! - [`requests`]: the bounded channel from the admin server to the job loop.
+//! - [`history`]: checkpoints and savepoints the loop took, as the admin API shows them.
+//! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
 //! - [`service`]: one instance: admin server, job thread, signals; [`service::run`] is the
 //!   entry point for binaries with their own process function.
@@ -48,10 +51,13 @@ pub mod decode;
 pub mod driver;
 pub mod function;
 pub mod functions;
+pub mod history;
 pub mod job;
 pub mod kafka_log;
 pub mod metrics;
+pub mod requests;
 pub mod rules;
+pub mod savepoint;
 pub mod service;
 pub mod sink;
 pub mod source;

@@ -43,6 +43,19 @@ enum Command {
         /// this run is at-least-once.
         #[arg(long)]
         allow_older_checkpoint: bool,
+        /// Restore this savepoint (`sp-<n>-<run>`, as `POST /savepoints` answered)
+        /// instead of the committed checkpoint. Refused when the group's committed
+        /// offsets differ from the savepoint's (records were processed after it).
+        #[arg(long, value_name = "ID")]
+        from_savepoint: Option<String>,
+        /// Base URL the savepoint was written to, when not the default
+        /// `<checkpoint.storage>/savepoints` (the `location` field of the savepoint).
+        #[arg(long, value_name = "URL", requires = "from_savepoint")]
+        savepoint_location: Option<String>,
+        /// With --from-savepoint: restore even if the committed offsets differ
+        /// (not exactly-once across this restart).
+        #[arg(long, requires = "from_savepoint")]
+        ignore_committed_offsets: bool,
     },
     /// Load and validate a config file (and environment overrides) without connecting.
     CheckConfig {
@@ -68,8 +81,8 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
-        Command::Run { config, allow_older_checkpoint } => {
-            let options = StartOptions { allow_older_checkpoint };
+        Command::Run { config, allow_older_checkpoint, from_savepoint, savepoint_location, ignore_committed_offsets } => {
+            let options = StartOptions { allow_older_checkpoint, from_savepoint, savepoint_location, ignore_committed_offsets };
             Config::load(&config).map_err(Into::into).and_then(|c| run_service(c, options))
         }
         Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),

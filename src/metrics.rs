@@ -3,8 +3,10 @@
 //! Labels are bounded sets (topic, partition, reason, outcome) — never keys — so cardinality
 //! stays fixed however many keys the job sees.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
@@ -17,13 +19,31 @@ pub struct Metrics {
     pub checkpoints_completed: IntCounter,
     pub checkpoint_duration: Histogram,
     pub last_checkpoint_bytes: IntGauge,
-    pub last_checkpoint_full_bytes: IntGauge,
     pub last_checkpoint_completed_timestamp: IntGauge,
     pub transactions: IntCounterVec,
     pub restore_duration: Histogram,
     pub partition_offset: IntGaugeVec,
     pub rules_active: IntGauge,
     pub rule_updates: IntCounterVec,
+    pub processing_duration: Histogram,
+    pub consumer_lag: IntGaugeVec,
+    /// Processing time minus the watermark. Registered now and left at 0: the event-time
+    /// driver (timers and watermarks) sets it.
+    pub watermark_lag: Gauge,
+    pub last_checkpoint_incremental_bytes: IntGauge,
+    pub checkpoints_failed: IntCounter,
+    /// Set at every scrape from the completed timestamp, so it grows even when the loop
+    /// is stuck.
+    time_since_last_checkpoint: Gauge,
+    pub restore_bytes: IntGauge,
+    /// `checkpoint.interval`, so alerts can say "no checkpoint for 3 intervals".
+    pub checkpoint_interval: Gauge,
+    pub state_size: IntGauge,
+    pub state_keys: IntGauge,
+    pub ttl_expired: IntCounter,
+    pub http_requests: IntCounterVec,
+    pub http_duration: prometheus::HistogramVec,
+    started_at: u64,
 }
 
 impl Metrics {
@@ -41,7 +61,7 @@ impl Metrics {
             )?,
             records_dead_lettered: IntCounterVec::new(
                 Opts::new("streamstate_records_dead_lettered_total", "Input records sent to the dead-letter topic."),
-                &["reason"],
+                &["topic", "partition", "reason"],
             )?,
             checkpoints_completed: IntCounter::new(
                 "streamstate_checkpoints_completed_total",
@@ -53,11 +73,11 @@ impl Metrics {
             )?,
             last_checkpoint_bytes: IntGauge::new(
                 "streamstate_last_checkpoint_size_bytes",
-                "Bytes written to checkpoint storage by the last checkpoint.",
-            )?,
-            last_checkpoint_full_bytes: IntGauge::new(
-                "streamstate_last_checkpoint_full_size_bytes",
                 "Bytes the last checkpoint references in storage (written now or shared with earlier ones).",
+            )?,
+            last_checkpoint_incremental_bytes: IntGauge::new(
+                "streamstate_last_checkpoint_incremental_size_bytes",
+                "Bytes the last checkpoint added to checkpoint storage.",
             )?,
             last_checkpoint_completed_timestamp: IntGauge::new(
                 "streamstate_last_checkpoint_completed_timestamp_seconds",
@@ -80,6 +100,38 @@ impl Metrics {
                 Opts::new("streamstate_rule_updates_total", "Control-topic records by outcome."),
                 &["outcome"],
             )?,
+            processing_duration: Histogram::with_opts(
+                HistogramOpts::new("streamstate_processing_duration_seconds", "Time to process one input record (decode, state, produce).")
+                    .buckets(prometheus::exponential_buckets(0.000_005, 2.0, 18)?),
+            )?,
+            consumer_lag: IntGaugeVec::new(
+                Opts::new("streamstate_consumer_lag_records", "High watermark minus the next offset to process, per input partition."),
+                tp,
+            )?,
+            watermark_lag: Gauge::new("streamstate_watermark_lag_seconds", "Processing time minus the current watermark (set by the event-time driver; 0 until then).")?,
+            checkpoints_failed: IntCounter::new("streamstate_checkpoints_failed_total", "Checkpoint attempts that failed (their transaction was aborted).")?,
+            time_since_last_checkpoint: Gauge::new(
+                "streamstate_time_since_last_checkpoint_seconds",
+                "Seconds since the last completed checkpoint (since process start before the first).",
+            )?,
+            checkpoint_interval: Gauge::new("streamstate_checkpoint_interval_seconds", "The configured checkpoint.interval.")?,
+            restore_bytes: IntGauge::new("streamstate_restore_size_bytes", "Bytes of the checkpoint or savepoint restored at start.")?,
+            state_size: IntGauge::new("streamstate_state_size_bytes", "Estimated bytes of live state (RocksDB SST files and memtables).")?,
+            state_keys: IntGauge::new(
+                "streamstate_state_keys",
+                "Estimated keys in the state backend (RocksDB estimate-num-keys: one per value, list, map entry).",
+            )?,
+            ttl_expired: IntCounter::new("streamstate_state_ttl_expired_total", "State entries removed because their TTL expired.")?,
+            http_requests: IntCounterVec::new(
+                Opts::new("streamstate_http_requests_total", "Admin HTTP requests by route and status."),
+                &["route", "status"],
+            )?,
+            http_duration: prometheus::HistogramVec::new(
+                HistogramOpts::new("streamstate_http_request_duration_seconds", "Admin HTTP request latency by route.")
+                    .buckets(prometheus::exponential_buckets(0.0005, 4.0, 10)?),
+                &["route"],
+            )?,
+            started_at: now_secs(),
             registry,
         };
         m.registry.register(Box::new(m.records_consumed.clone()))?;
@@ -88,14 +140,26 @@ impl Metrics {
         m.registry.register(Box::new(m.checkpoints_completed.clone()))?;
         m.registry.register(Box::new(m.checkpoint_duration.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint_bytes.clone()))?;
-        m.registry.register(Box::new(m.last_checkpoint_full_bytes.clone()))?;
+        m.registry.register(Box::new(m.last_checkpoint_incremental_bytes.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint_completed_timestamp.clone()))?;
         m.registry.register(Box::new(m.transactions.clone()))?;
         m.registry.register(Box::new(m.restore_duration.clone()))?;
         m.registry.register(Box::new(m.partition_offset.clone()))?;
         m.registry.register(Box::new(m.rules_active.clone()))?;
         m.registry.register(Box::new(m.rule_updates.clone()))?;
-        let build = IntGaugeVec::new(Opts::new("streamstate_build_info", "Build of this binary."), &["version"])?;
+        m.registry.register(Box::new(m.processing_duration.clone()))?;
+        m.registry.register(Box::new(m.consumer_lag.clone()))?;
+        m.registry.register(Box::new(m.watermark_lag.clone()))?;
+        m.registry.register(Box::new(m.checkpoints_failed.clone()))?;
+        m.registry.register(Box::new(m.time_since_last_checkpoint.clone()))?;
+        m.registry.register(Box::new(m.restore_bytes.clone()))?;
+        m.registry.register(Box::new(m.checkpoint_interval.clone()))?;
+        m.registry.register(Box::new(m.state_size.clone()))?;
+        m.registry.register(Box::new(m.state_keys.clone()))?;
+        m.registry.register(Box::new(m.ttl_expired.clone()))?;
+        m.registry.register(Box::new(m.http_requests.clone()))?;
+        m.registry.register(Box::new(m.http_duration.clone()))?;
+        let build = IntGaugeVec::new(Opts::new("streamstate_build_info", "Build of this binary (value 1)."), &["version"])?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m.registry.register(Box::new(build))?;
         Ok(m)
@@ -114,6 +178,8 @@ impl Metrics {
 
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
+        let last = self.last_checkpoint_completed_timestamp.get().max(0) as u64;
+        self.time_since_last_checkpoint.set(now_secs().saturating_sub(if last > 0 { last } else { self.started_at }) as f64);
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for well-formed metric families.
         if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
@@ -121,6 +187,10 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

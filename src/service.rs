@@ -20,6 +20,8 @@ pub enum ServiceError {
     Runtime(std::io::Error),
     #[error("admin.listen: cannot bind {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("registering metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error(transparent)]
@@ -46,11 +48,12 @@ pub fn serve(
 ) -> Result<(), ServiceError> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(ServiceError::Runtime)?;
+    metrics.checkpoint_interval.set(config.checkpoint.interval.as_secs_f64());
     runtime.block_on(async {
         let listen = config.admin.listen;
         let listener = admin::bind(listen).await.map_err(|source| ServiceError::Bind { addr: listen, source })?;
         let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = admin::router(control.clone(), metrics.clone());
+        let app = admin::router(control.clone(), metrics.clone(), &config)?;
         let server = tokio::spawn(async move {
             axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
         });

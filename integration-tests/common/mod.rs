@@ -719,3 +719,38 @@ pub fn spawn(job: &Job, env: &[(String, String)], extra: &[(&str, &str)]) -> Ser
     job.spawn_with(&[], &all)
 }
 
+
+// ---------------------------------------------------------------- admin API
+
+/// An admin API answer: status, response head (lower-cased), body.
+pub struct Answer {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+    }
+}
+
+/// Like [`http`] with request headers and a body.
+pub fn http_with(method: &str, addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Answer> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    // A server may answer (413) before reading a large body and close: ignore that.
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_lowercase(), b.to_string())).unwrap_or_default();
+    Ok(Answer { status, head, body })
+}

@@ -10,6 +10,7 @@
 //! | [`descriptor`] | state descriptors: name, type, default, TTL |
 //! | [`keyed`] | typed keyed state: value, list, map, reducing, aggregating |
 //! | [`ttl`] | TTL config: update type, visibility, cleanup strategies |
+//! | [`inspect`] | one key's state as JSON (admin state lookup), decoders per state |
 //! | [`timers`] | event/processing-time timers per key and namespace |
 //! | [`operator`] | operator list/union state, broadcast state (read-only vs writable types) |
 //! | [`context`] | keyed vs broadcast side capabilities |
@@ -80,6 +81,7 @@ pub mod clock;
 pub mod context;
 pub mod descriptor;
 pub mod error;
+pub mod inspect;
 pub mod keyed;
 pub mod keygroup;
 pub mod layout;

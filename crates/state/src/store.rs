@@ -97,6 +97,12 @@ pub(crate) struct Inner {
     /// snapshot hashes only the new ones.
     pub sha_cache: HashMap<String, (u64, String)>,
     pub generation: u64,
+    /// JSON decoders by state name, from the descriptor's type at registration
+    /// (see [`crate::inspect`]); names survive restores, so decoders do too.
+    pub decoders: HashMap<String, crate::inspect::JsonCodec>,
+    /// Entries (values, list elements, map entries) removed because their TTL
+    /// expired, by cleanup on read or incremental cleanup, since open.
+    pub ttl_expired: u64,
 }
 
 /// The per-instance state store. Cloning shares it.
@@ -180,6 +186,8 @@ impl StateStore {
                 cursor: Vec::new(),
                 sha_cache: HashMap::new(),
                 generation: 0,
+                decoders: HashMap::new(),
+                ttl_expired: 0,
             })),
         })
     }
@@ -198,6 +206,13 @@ impl StateStore {
 
     pub fn key_group_range(&self) -> KeyGroupRange {
         self.lock().config.key_group_range
+    }
+
+    /// (this instance's index, number of instances): with [`Self::max_parallelism`]
+    /// this names the owner of any key group ([`KeyGroupRange::for_instance`]).
+    pub fn instance(&self) -> (u32, u32) {
+        let g = self.lock();
+        (g.config.instance_index, g.config.instance_count)
     }
 
     /// Whether state came from a snapshot or savepoint (Flink's `isRestored`).
@@ -259,6 +274,19 @@ impl StateStore {
     /// Approximate number of stored entries (RocksDB's estimate).
     pub fn approximate_entries(&self) -> Result<u64> {
         self.lock().backend.approximate_len()
+    }
+
+    /// Approximate bytes the live state occupies (RocksDB: SST files plus
+    /// memtables; hashmap: stored keys and values).
+    pub fn approximate_size_bytes(&self) -> Result<u64> {
+        self.lock().backend.approximate_size_bytes()
+    }
+
+    /// Entries removed because their TTL expired (cleanup on read and
+    /// incremental cleanup) since the store was opened. Entries dropped by the
+    /// RocksDB compaction filter or left out of full snapshots are not counted.
+    pub fn ttl_expired_total(&self) -> u64 {
+        self.lock().ttl_expired
     }
 
     pub(crate) fn register(&self, name: &str, kind: StateKind, ttl: Option<TtlConfig>) -> Result<Arc<StateMeta>> {
@@ -338,6 +366,7 @@ impl Inner {
         let now = self.clock.now_ms();
         if ttl.is_expired(ts, now) {
             self.backend.delete(&self.kbuf)?;
+            self.ttl_expired += 1;
             let visible = !for_update && ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp;
             return Ok(visible.then_some(TS_LEN));
         }
@@ -388,6 +417,7 @@ impl Inner {
             let ts = read_ts(e).ok_or_else(|| StateError::Invalid(format!("state '{}': list element without timestamp", meta.name)))?;
             if ttl.is_expired(ts, now) {
                 changed = true;
+                self.ttl_expired += 1;
                 if ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp {
                     out.push(e[TS_LEN..].to_vec());
                 }
@@ -460,8 +490,14 @@ impl Inner {
             }
             match expire_value(meta.kind, ttl, &v, now)? {
                 Expiry::Keep => {}
-                Expiry::Remove => self.backend.delete(&k)?,
-                Expiry::Rewrite(nv) => self.backend.put(&k, &nv)?,
+                Expiry::Remove => {
+                    self.backend.delete(&k)?;
+                    self.ttl_expired += 1;
+                }
+                Expiry::Rewrite(nv) => {
+                    self.backend.put(&k, &nv)?;
+                    self.ttl_expired += 1;
+                }
             }
         }
         Ok(())

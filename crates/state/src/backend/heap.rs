@@ -88,4 +88,8 @@ impl KvBackend for HeapBackend {
     fn approximate_len(&mut self) -> Result<u64> {
         Ok(self.map.len() as u64)
     }
+
+    fn approximate_size_bytes(&mut self) -> Result<u64> {
+        Ok(self.map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum())
+    }
 }

@@ -62,4 +62,8 @@ pub trait KvBackend: Send {
     /// write the full canonical format".
     fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>>;
     fn approximate_len(&mut self) -> Result<u64>;
+    /// Approximate bytes of live state (for metrics).
+    fn approximate_size_bytes(&mut self) -> Result<u64> {
+        Ok(0)
+    }
 }

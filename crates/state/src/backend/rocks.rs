@@ -214,4 +214,10 @@ impl KvBackend for RocksBackend {
     fn approximate_len(&mut self) -> Result<u64> {
         Ok(self.db.property_int_value("rocksdb.estimate-num-keys")?.unwrap_or(0))
     }
+
+    fn approximate_size_bytes(&mut self) -> Result<u64> {
+        let sst = self.db.property_int_value("rocksdb.total-sst-files-size")?.unwrap_or(0);
+        let mem = self.db.property_int_value("rocksdb.size-all-mem-tables")?.unwrap_or(0);
+        Ok(sst + mem)
+    }
 }

@@ -1,0 +1,93 @@
+//! The admin HTTP server: health, readiness, metrics, checkpoints, savepoints, stop,
+//! rules and state lookup. JSON in and out; see `docs/admin-api.md`.
+//!
+//! It never touches state, Kafka or checkpoint storage writes itself, so a slow or
+//! hostile client cannot stall the job loop: what needs the job goes through the
+//! bounded request channel ([`crate::requests`]) and is served by the loop between
+//! polls; history comes from what the loop publishes ([`crate::history`]) and, for
+//! savepoints of earlier runs, from reading the savepoint location.
+
+mod auth;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+
+use crate::config::{Config, ConfigError, Secret};
+use crate::job::Control;
+use crate::metrics::Metrics;
+
+/// Request bodies larger than this are refused with 413.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+#[derive(Clone)]
+struct AppState {
+    control: Arc<Control>,
+    metrics: Metrics,
+    config: Arc<Config>,
+    token: Option<Arc<Secret>>,
+    /// A checkpoint or savepoint requested through the API is in flight (409 for another).
+    busy: Arc<AtomicBool>,
+    /// How long a request waits for the job loop's answer before 504.
+    answer_timeout: Duration,
+    /// `/livez` fails when the loop has not turned for this long.
+    stall_limit: Duration,
+}
+
+pub fn router(control: Arc<Control>, metrics: Metrics, config: &Config) -> Result<Router, ConfigError> {
+    let chk = &config.checkpoint;
+    let state = AppState {
+        control,
+        metrics,
+        token: config.admin_token()?.map(Arc::new),
+        config: Arc::new(config.clone()),
+        busy: Arc::default(),
+        answer_timeout: chk.timeout * 3 + Duration::from_secs(30),
+        stall_limit: chk.timeout * 2 + chk.interval + Duration::from_secs(30),
+    };
+    // Everything that changes the job or reveals its data needs the token (when set).
+    let guarded = Router::new()
+        .route("/checkpoints", post(routes::trigger_checkpoint))
+        .route("/savepoints", post(routes::trigger_savepoint))
+        .route("/stop", post(routes::stop))
+        .route("/state/{key}", get(routes::key_state))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    let open = Router::new()
+        .route("/livez", get(routes::livez))
+        .route("/readyz", get(routes::readyz))
+        .route("/metrics", get(routes::metrics_text))
+        .route("/checkpoints", get(routes::list_checkpoints))
+        .route("/checkpoints/{id}", get(routes::get_checkpoint))
+        .route("/savepoints", get(routes::list_savepoints))
+        .route("/rules", get(routes::rules))
+        .route("/rules/{id}", get(routes::rule));
+    Ok(open
+        .merge(guarded)
+        .fallback(routes::not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state))
+}
+
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// `streamstate_http_requests_total{route,status}` with the route pattern, never the
+/// raw path (ids and keys would make the label set unbounded).
+async fn count_requests(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    s.metrics.http_requests.with_label_values(&[&route, response.status().as_str()]).inc();
+    s.metrics.http_duration.with_label_values(&[&route]).observe(started.elapsed().as_secs_f64());
+    response
+}

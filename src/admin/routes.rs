@@ -1,0 +1,231 @@
+//! The handlers. Errors are `{"error": "..."}` with a status that says whose fault it
+//! is: 400 bad input, 401 token, 404 unknown id or key, 409 a checkpoint already in
+//! flight, 413 body too large, 421 key owned by another instance, 503 job not ready or
+//! busy, 504 no answer in time.
+
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::AppState;
+use crate::checkpoint::CheckpointRef;
+use crate::history::SavepointRecord;
+use crate::requests::{Reply, Request, SendError, StateAnswer};
+use crate::savepoint::{self, SavepointRequest};
+
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, Json<Value>) {
+    (status, Json(json!({ "error": message.into() })))
+}
+
+type ApiResult = Result<Response, (StatusCode, Json<Value>)>;
+
+pub(super) async fn not_found() -> impl IntoResponse {
+    error(StatusCode::NOT_FOUND, "no such endpoint; see docs/admin-api.md")
+}
+
+// ------------------------------------------------------------------ health and metrics
+
+/// Process up and the poll loop turning; never asks the broker.
+pub(super) async fn livez(State(s): State<AppState>) -> Response {
+    let beat = s.control.heartbeat_ms.load(Ordering::Relaxed);
+    if beat == 0 {
+        return (StatusCode::OK, Json(json!({"status": "starting"}))).into_response();
+    }
+    let age_ms = now_ms().saturating_sub(beat);
+    if age_ms > s.stall_limit.as_millis() as u64 {
+        let msg = format!("the job loop has not turned for {}s", age_ms / 1000);
+        return error(StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    }
+    (StatusCode::OK, Json(json!({"status": "alive"}))).into_response()
+}
+
+/// State restored, partitions assigned, transaction open, not draining.
+pub(super) async fn readyz(State(s): State<AppState>) -> Response {
+    if s.control.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
+    } else {
+        error(StatusCode::SERVICE_UNAVAILABLE, "not ready (starting, restoring or draining)").into_response()
+    }
+}
+
+pub(super) async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+}
+
+// ------------------------------------------------------------------ talking to the loop
+
+/// Sends a request to the job loop and waits for its answer.
+async fn ask<T>(s: &AppState, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, (StatusCode, Json<Value>)> {
+    if !s.control.ready.load(Ordering::SeqCst) {
+        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job is not ready (starting, restoring or draining)"));
+    }
+    let (tx, rx) = oneshot::channel();
+    match s.control.requests.send(make(tx)) {
+        Ok(()) => {}
+        Err(SendError::Busy) => return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job has too many requests waiting; retry")),
+        Err(SendError::Gone) => return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job loop has ended")),
+    }
+    match tokio::time::timeout(s.answer_timeout, rx).await {
+        Err(_) => Err(error(StatusCode::GATEWAY_TIMEOUT, "no answer from the job loop in time")),
+        Ok(Err(_)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job loop ended before answering")),
+        Ok(Ok(Err(e))) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Ok(Ok(Ok(v))) => Ok(v),
+    }
+}
+
+/// Holds the "checkpoint in flight" flag; released when the handler ends, even when the
+/// client goes away.
+struct Busy<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> Busy<'a> {
+    fn take(s: &'a AppState) -> Result<Self, (StatusCode, Json<Value>)> {
+        if s.busy.swap(true, Ordering::SeqCst) {
+            return Err(error(StatusCode::CONFLICT, "a checkpoint or savepoint requested through the API is in flight"));
+        }
+        Ok(Self(&s.busy))
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+// ------------------------------------------------------------------ checkpoints
+
+pub(super) async fn trigger_checkpoint(State(s): State<AppState>) -> ApiResult {
+    let _busy = Busy::take(&s)?;
+    let record = ask(&s, |reply| Request::Checkpoint { reply }).await?;
+    Ok((StatusCode::OK, Json(record)).into_response())
+}
+
+pub(super) async fn list_checkpoints(State(s): State<AppState>) -> Json<Value> {
+    Json(json!(s.control.history.checkpoints()))
+}
+
+/// `{id}` is the numeric id or the name `chk-<n>-<run>`; anything else is 400.
+pub(super) async fn get_checkpoint(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let wanted = match id.parse::<u64>() {
+        Ok(n) => (n, None),
+        Err(_) => match CheckpointRef::parse(&id) {
+            Some(c) => (c.id, Some(c.to_string())),
+            None => return Err(error(StatusCode::BAD_REQUEST, "checkpoint id must be a number or chk-<n>-<run>")),
+        },
+    };
+    match s.control.history.checkpoint(wanted.0) {
+        Some(r) if wanted.1.as_ref().is_none_or(|name| *name == r.name) => Ok(Json(r).into_response()),
+        _ => Err(error(StatusCode::NOT_FOUND, format!("no checkpoint {id} in this run's history"))),
+    }
+}
+
+// ------------------------------------------------------------------ savepoints and stop
+
+pub(super) async fn trigger_savepoint(State(s): State<AppState>, body: Bytes) -> ApiResult {
+    let request: SavepointRequest = parse_body(&body)?;
+    let target = match &request.target {
+        Some(t) => Some(savepoint::validate_target(&s.config, t).map_err(|e| error(StatusCode::BAD_REQUEST, e))?),
+        None => None,
+    };
+    let _busy = Busy::take(&s)?;
+    let record = ask(&s, |reply| Request::Savepoint { target, reply }).await?;
+    Ok((StatusCode::OK, Json(record)).into_response())
+}
+
+/// Savepoints at the default location (any run) and those this run wrote elsewhere.
+pub(super) async fn list_savepoints(State(s): State<AppState>) -> ApiResult {
+    let config = s.config.clone();
+    let stored = tokio::task::spawn_blocking(move || {
+        let location = savepoint::default_location(&config)?;
+        savepoint::list(&config, &location)
+    })
+    .await
+    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut all: Vec<SavepointRecord> = s.control.history.savepoints();
+    for r in stored {
+        if !all.iter().any(|h| h.id == r.id && h.location == r.location) {
+            all.push(r);
+        }
+    }
+    all.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms));
+    Ok(Json(all).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StopRequest {
+    #[serde(default)]
+    savepoint: bool,
+}
+
+/// Drains, commits the final checkpoint (after a savepoint when asked) and exits 0;
+/// answers once that is done.
+pub(super) async fn stop(State(s): State<AppState>, body: Bytes) -> ApiResult {
+    let request: StopRequest = parse_body(&body)?;
+    let _busy = Busy::take(&s)?;
+    let savepoint = ask(&s, |reply| Request::Stop { savepoint: request.savepoint, reply }).await?;
+    Ok(Json(json!({ "stopped": true, "savepoint": savepoint })).into_response())
+}
+
+fn parse_body<T: Default + serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, (StatusCode, Json<Value>)> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+}
+
+// ------------------------------------------------------------------ rules and state
+
+/// The rules in force (and deleted ones, with the version that deleted them).
+pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
+    let rules = s.control.rules.read().map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
+    Ok(Json(rules.values().cloned().collect::<Vec<_>>()).into_response())
+}
+
+pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let rules = s.control.rules.read().map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
+    match rules.get(&id) {
+        Some(r) => Ok(Json(r.clone()).into_response()),
+        None => Err(error(StatusCode::NOT_FOUND, format!("no rule {id:?}"))),
+    }
+}
+
+/// Every state of one key, read by the job loop between two records.
+pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>) -> ApiResult {
+    if key.is_empty() || key.len() > s.config.job.max_key_bytes {
+        return Err(error(StatusCode::BAD_REQUEST, format!("key must be 1..={} bytes", s.config.job.max_key_bytes)));
+    }
+    let answer = ask(&s, |reply| Request::State { key: key.clone(), reply }).await?;
+    match answer {
+        StateAnswer::Found(state) => {
+            let mut body = json!({ "key": key, "instance": s.config.job.instance });
+            if let (Some(b), Value::Object(st)) = (body.as_object_mut(), state) {
+                b.extend(st);
+            }
+            Ok(Json(body).into_response())
+        }
+        StateAnswer::NotFound => Err(error(StatusCode::NOT_FOUND, format!("no state for key {key:?}"))),
+        StateAnswer::NotOwned { key_group, owner } => Ok((
+            StatusCode::MISDIRECTED_REQUEST,
+            Json(json!({
+                "error": format!("key {key:?} is in key group {key_group}, owned by instance {owner}"),
+                "key_group": key_group,
+                "owner_instance": owner,
+            })),
+        )
+            .into_response()),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
