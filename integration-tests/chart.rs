@@ -234,3 +234,25 @@ fn existing_secret_and_sasl_credentials_come_from_the_secret() {
     assert!(!toml.contains("sasl.password"), "no credential in the ConfigMap: {toml}");
     assert!(toml.contains("token_file = \"/etc/streamstate/secrets/admin-token\""), "{toml}");
 }
+
+#[test]
+fn chart_ships_the_repository_dashboard_and_alerts_verbatim() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in ["streamstate.json", "alerts.yaml"] {
+        let repo = std::fs::read(root.join("dashboards").join(file)).expect("repository copy");
+        let chart = std::fs::read(chart().join("dashboards").join(file)).expect("chart copy");
+        assert!(repo == chart, "helm/streamstate/dashboards/{file} differs from dashboards/{file}: copy it over");
+    }
+    let objects = render(&[
+        "--set", "metrics.prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true",
+        "--api-versions", "monitoring.coreos.com/v1",
+    ]);
+    let rule = objects.iter().find(|o| o["kind"] == "PrometheusRule").expect("a PrometheusRule");
+    let alerts: Value = serde_yaml::from_slice(&std::fs::read(root.join("dashboards/alerts.yaml")).expect("alerts")).expect("yaml");
+    assert_eq!(rule["spec"], alerts, "the PrometheusRule's spec is dashboards/alerts.yaml");
+    let dashboard = objects.iter().find(|o| o["kind"] == "ConfigMap" && o["data"]["streamstate.json"].is_string());
+    let shipped: Value = serde_json::from_str(dashboard.expect("dashboard ConfigMap")["data"]["streamstate.json"].as_str().expect("json"))
+        .expect("dashboard JSON");
+    let repo: Value = serde_json::from_slice(&std::fs::read(root.join("dashboards/streamstate.json")).expect("dashboard")).expect("json");
+    assert_eq!(shipped, repo, "the dashboard ConfigMap holds dashboards/streamstate.json");
+}
