@@ -97,6 +97,11 @@ pub struct JobConfig {
     /// This instance's ordinal; names its transactional id and checkpoint prefix.
     #[serde(default)]
     pub instance: u32,
+    /// How many instances share the input. Instance `i` owns key groups
+    /// `for_instance(max_parallelism, instances, i)` and the input partitions with the
+    /// same numbers; changing it is a rescale (stop with savepoints, restart from the set).
+    #[serde(default = "default_instances")]
+    pub instances: u32,
     /// The process function: `rules` (the built-in rule engine, driven by the control
     /// topic) or `count` (a running count per key).
     #[serde(default)]
@@ -252,6 +257,9 @@ fn default_connect_timeout() -> Duration {
 fn default_max_record_bytes() -> usize {
     1024 * 1024
 }
+fn default_instances() -> u32 {
+    1
+}
 fn default_max_out_of_orderness() -> Duration {
     Duration::from_secs(5)
 }
@@ -312,6 +320,9 @@ impl Config {
         }
         if !self.job.key.is_empty() && !self.job.key.starts_with('/') {
             return invalid("job.key", "must be a JSON pointer starting with '/', e.g. \"/user_id\"");
+        }
+        if self.job.instances == 0 || self.job.instance >= self.job.instances {
+            return invalid("job.instance", "must be below job.instances (instances are numbered 0..instances)");
         }
         if let Some(p) = &self.job.timestamp
             && !p.starts_with('/')

@@ -44,6 +44,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             max_record_bytes: 1 << 20,
             max_key_bytes: 4096,
             instance: 0,
+            instances: 1,
             function: FunctionKind::Rules,
             timestamp: None,
             max_out_of_orderness: Duration::from_secs(5),

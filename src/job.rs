@@ -20,6 +20,7 @@ use crate::checkpoint::{
 };
 use crate::config::{Config, StartOffsets};
 use crate::config::FunctionKind;
+use crate::{cluster, rescale};
 use crate::control::{RuleOutcome, Rules, RulesView};
 use crate::decode::Decoder;
 use crate::driver::{Driver, EventTime};
@@ -54,6 +55,16 @@ pub enum JobError {
          checkpoint storage, or start with --allow-older-checkpoint to fall back to an older one (at-least-once)"
     )]
     Restore { name: String, source: Box<JobError> },
+    #[error(
+        "{what} was taken with state.max_parallelism = {found}, but this start needs {expected}: key groups are \
+         fixed at the first start. Keep state.max_parallelism at {found}, or re-key-group a savepoint offline \
+         (docs/checkpoint-tools.md)"
+    )]
+    MaxParallelism { what: String, found: u32, expected: u32 },
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    #[error(transparent)]
+    Rescale(#[from] rescale::RescaleError),
     #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
@@ -85,6 +96,9 @@ pub struct StartOptions {
     /// When the committed checkpoint is missing or broken, restore the newest older one
     /// that is intact. Its offsets are older, so records in between are processed again.
     pub allow_older_checkpoint: bool,
+    /// Rescaled start: restore this instance's share of the named savepoint set, unless
+    /// a checkpoint of this instance was committed since (then that one).
+    pub from_savepoint_set: Option<String>,
     /// Restore this savepoint (`sp-<n>-<run>`) instead of the committed checkpoint.
     pub from_savepoint: Option<String>,
     /// Base URL of the savepoint; default `<checkpoint.storage>/savepoints`.
@@ -147,7 +161,17 @@ impl Job {
     ) -> Result<Self, JobError> {
         let source = Source::new(&config)?;
         let servers = &config.kafka.bootstrap_servers;
-        let parts = source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
+        let all_parts = source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
+        let (instance, instances) = (config.job.instance, config.job.instances);
+        // Key groups: fixed at the first start. Several instances need key group =
+        // partition, so their default is one topic's partition count.
+        let max_parallelism = config.state.max_parallelism.unwrap_or(if instances > 1 {
+            all_parts.iter().filter(|(t, _)| *t == all_parts[0].0).count() as u32
+        } else {
+            all_parts.len() as u32
+        });
+        let ownership = cluster::ownership(&all_parts, max_parallelism, instances, instance)?;
+        let parts = ownership.partitions.clone();
         let control_parts = match &config.kafka.control_topic {
             Some(topic) => source.partitions(servers, "kafka.control_topic", std::slice::from_ref(topic))?,
             None => Vec::new(),
@@ -156,7 +180,31 @@ impl Job {
         // commit, so the committed offsets read next cannot move under us.
         let sink = Sink::new(&config)?;
         let storage = open_storage(&config)?;
-        let committed = source.committed(&parts)?;
+        // A rescaled start: the set's offsets are committed for these partitions (each by
+        // the old instance that owned it) until this instance commits its first checkpoint.
+        let from_set = match &options.from_savepoint_set {
+            Some(name) => {
+                let set = rescale::read(&config, name)?;
+                if set.max_parallelism != max_parallelism {
+                    return Err(JobError::MaxParallelism {
+                        what: format!("savepoint set {name}"),
+                        found: set.max_parallelism,
+                        expected: max_parallelism,
+                    });
+                }
+                let set_offsets: Offsets =
+                    manifest_offsets(&set.offsets()).into_iter().filter(|(p, _)| parts.contains(p)).collect();
+                let committed_now = source.committed_offsets(&parts)?;
+                if committed_now == set_offsets {
+                    Some(set)
+                } else {
+                    info!(set = %name, "the committed offsets moved past the savepoint set: restoring this instance's own checkpoint");
+                    None
+                }
+            }
+            None => None,
+        };
+        let committed = if from_set.is_some() { None } else { source.committed(&parts)? };
         let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| &c.checkpoint))?;
         if !discarded.is_empty() {
             let names: Vec<String> = discarded.iter().map(ToString::to_string).collect();
@@ -168,16 +216,16 @@ impl Job {
             input: source.start_offsets(&parts, config.kafka.start_offsets)?,
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
-        let from_savepoint = match &options.from_savepoint {
-            Some(id) => Some(serve::restore_savepoint(&config, &options, id, committed.as_ref())?),
-            None => None,
+        let from_savepoint = match (&options.from_savepoint, from_set) {
+            (_, Some(set)) => Some(restore_set(&config, &set, &parts, max_parallelism)?),
+            (Some(id), None) => Some(serve::restore_savepoint(&config, &options, id, committed.as_ref())?),
+            (None, None) => None,
         };
         let restored_from_savepoint = from_savepoint.is_some();
         let (store, manifest) = match (from_savepoint, committed) {
             (Some((store, manifest)), _) => (store, Some(manifest)),
             (None, None) => {
                 info!("no committed checkpoint: first start with empty state");
-                let max_parallelism = config.state.max_parallelism.unwrap_or(parts.len() as u32);
                 (fresh_store(&config, max_parallelism)?, None)
             }
             (None, Some(c)) => {
@@ -202,6 +250,18 @@ impl Job {
                 (state, Some(manifest))
             }
         };
+        // One instance may keep a checkpoint's key-group count after partitions were added;
+        // several instances, or an explicit setting, need exactly theirs.
+        if let Some(m) = &manifest
+            && (instances > 1 || config.state.max_parallelism.is_some())
+            && m.state.max_parallelism != max_parallelism
+        {
+            return Err(JobError::MaxParallelism {
+                what: format!("checkpoint {}", m.checkpoint),
+                found: m.state.max_parallelism,
+                expected: max_parallelism,
+            });
+        }
         metrics.restore_duration.observe(started.elapsed().as_secs_f64());
         metrics.restore_bytes.set(manifest.as_ref().map_or(0, |m| m.state.total_size() as i64));
         let event_time = EventTime {
@@ -591,10 +651,47 @@ fn read_and_restore(
     Ok((store, manifest))
 }
 
-/// Empty state with `max_parallelism` key groups, in this instance's state directory.
+/// Empty state with `max_parallelism` key groups (this instance's range of them), in
+/// this instance's state directory.
 fn fresh_store(config: &Config, max_parallelism: u32) -> Result<StateStore, JobError> {
     let work_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
-    Ok(StateStore::open(StoreConfig::new(config.state.backend, work_dir, max_parallelism))?)
+    let store_config = StoreConfig::new(config.state.backend, work_dir, max_parallelism)
+        .for_instance(config.job.instance, config.job.instances);
+    Ok(StateStore::open(store_config)?)
+}
+
+/// Restores this instance's share of a savepoint set: keyed state of its key-group
+/// range from every part (the state layer filters, and redistributes operator state),
+/// input offsets of its partitions, the lowest control offsets of any part.
+fn restore_set(
+    config: &Config,
+    set: &rescale::SavepointSet,
+    parts: &[crate::source::Partition],
+    max_parallelism: u32,
+) -> Result<(StateStore, Manifest), JobError> {
+    let store = fresh_store(config, max_parallelism)?;
+    let mut fetched = Vec::new();
+    let mut template = None;
+    for (old, manifest) in rescale::manifests(config, set)? {
+        let dir = config.state.dir.join(format!("restore-{}-from-{old}", config.job.instance));
+        remove_dir(&dir)?;
+        rescale::part_storage(config, old)?.fetch(&manifest, &dir)?;
+        fetched.push((dir, manifest.state.clone()));
+        template.get_or_insert(manifest);
+    }
+    store.restore(&fetched)?;
+    for (dir, _) in &fetched {
+        remove_dir(dir)?;
+    }
+    let template = template.ok_or_else(|| JobError::Rescale(rescale::RescaleError::Missing(set.name.clone())))?;
+    let offsets = set.offsets().into_iter().filter(|o| parts.contains(&(o.topic.clone(), o.partition))).collect();
+    info!(
+        set = %set.name,
+        from_instances = set.instances,
+        key_groups = %store.key_group_range(),
+        "restored this instance's share of the savepoint set"
+    );
+    Ok((store, Manifest { offsets, control_offsets: set.control_offsets(), ..template }))
 }
 
 /// Fetches the files and loads them; the state layer checks every checksum before it

@@ -56,6 +56,7 @@ pub mod job;
 pub mod kafka_log;
 pub mod metrics;
 pub mod requests;
+pub mod rescale;
 pub mod rules;
 pub mod savepoint;
 pub mod service;

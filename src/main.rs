@@ -56,6 +56,11 @@ enum Command {
         /// (not exactly-once across this restart).
         #[arg(long, requires = "from_savepoint")]
         ignore_committed_offsets: bool,
+        /// Rescaled start: restore this instance's share of the savepoint set NAME
+        /// (`streamstate savepoint-set`). Safe to keep on the command line: once this
+        /// instance has committed a checkpoint of its own, that one is restored instead.
+        #[arg(long, value_name = "NAME", conflicts_with = "from_savepoint")]
+        from_savepoint_set: Option<String>,
     },
     /// Load and validate a config file (and environment overrides) without connecting.
     CheckConfig {
@@ -81,8 +86,21 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
-        Command::Run { config, allow_older_checkpoint, from_savepoint, savepoint_location, ignore_committed_offsets } => {
-            let options = StartOptions { allow_older_checkpoint, from_savepoint, savepoint_location, ignore_committed_offsets };
+        Command::Run {
+            config,
+            allow_older_checkpoint,
+            from_savepoint,
+            savepoint_location,
+            ignore_committed_offsets,
+            from_savepoint_set,
+        } => {
+            let options = StartOptions {
+                allow_older_checkpoint,
+                from_savepoint,
+                savepoint_location,
+                ignore_committed_offsets,
+                from_savepoint_set,
+            };
             Config::load(&config).map_err(Into::into).and_then(|c| run_service(c, options))
         }
         Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),

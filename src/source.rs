@@ -86,6 +86,24 @@ impl Source {
         Ok(out)
     }
 
+    /// The group's committed offsets of `parts`, whatever checkpoint their metadata names
+    /// (after a rescale, several old instances' checkpoints).
+    pub fn committed_offsets(&self, parts: &[Partition]) -> Result<Offsets, SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            tpl.add_partition(t, *p);
+        }
+        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
+        Ok(got
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Reads the group's committed offsets; `None` when this app never committed.
     pub fn committed(&self, parts: &[Partition]) -> Result<Option<Committed>, SourceError> {
         let mut tpl = TopicPartitionList::new();

@@ -95,6 +95,28 @@ impl CheckpointStorage for FsStorage {
         Ok(stats)
     }
 
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let path = self.root.join(name);
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
+        let tmp = dir.join(format!(".{}.tmp-{}", name.replace('/', "_"), std::process::id()));
+        write_synced(&tmp, bytes)?;
+        // A hard link fails if `path` exists: publish once, atomically.
+        let linked = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        linked.map_err(|e| CheckpointError::io(&path, e))?;
+        sync_dir(&dir)
+    }
+
+    fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+        let path = self.root.join(name);
+        match fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CheckpointError::io(&path, e)),
+        }
+    }
+
     fn mark_complete(&self, c: &CheckpointRef) -> Result<(), CheckpointError> {
         write_synced(&self.dir(c).join(COMPLETED), b"")
     }
@@ -265,6 +287,12 @@ mod tests {
     #[test]
     fn discards_what_never_committed() {
         suite::discards_what_never_committed(&storage().1);
+    }
+
+    #[test]
+    fn documents_are_published_once() {
+        let (_dir, s) = storage();
+        suite::documents_are_published_once(&s);
     }
 
     #[test]

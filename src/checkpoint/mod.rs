@@ -80,6 +80,12 @@ pub trait CheckpointStorage: Send + Sync {
     fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError>;
     /// Where a person finds this storage (for log lines).
     fn describe(&self) -> String;
+    /// Publishes a small document at `name` below this storage's root, atomically and
+    /// only once: an existing `name` is an error (records such as savepoint sets are
+    /// written once and never changed).
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError>;
+    /// Reads a document written by [`CheckpointStorage::put_document`]; `None` if absent.
+    fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, CheckpointError>;
 }
 
 /// Opens the storage `checkpoint.storage` names, for this app and instance.
@@ -193,6 +199,13 @@ pub(crate) mod suite {
         removed.sort();
         assert_eq!(removed, vec![CheckpointRef::new(5, "bbbbbbbb"), CheckpointRef::new(6, "aaaaaaaa")]);
         assert_eq!(s.discard_uncommitted(None).expect("discard all").len(), 2);
+    }
+
+    pub fn documents_are_published_once(s: &dyn CheckpointStorage) {
+        assert_eq!(s.get_document("sets/a.json").expect("get"), None);
+        s.put_document("sets/a.json", b"{\"v\":1}").expect("first put");
+        assert!(s.put_document("sets/a.json", b"{\"v\":2}").is_err(), "a document is written once");
+        assert_eq!(s.get_document("sets/a.json").expect("get").as_deref(), Some(&b"{\"v\":1}"[..]));
     }
 
     pub fn names_missing_checkpoints_and_files(s: &dyn CheckpointStorage) {

@@ -511,6 +511,24 @@ impl CheckpointStorage for S3Storage {
         self.runtime.block_on(self.mark_complete_async(c))
     }
 
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let key = self.root.clone().join(name);
+        let opts = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
+        let payload = PutPayload::from(bytes.to_vec());
+        self.runtime.block_on(self.store.put_opts(&key, payload, opts)).map(drop).map_err(|e| self.store_error(&key, e))
+    }
+
+    fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+        let key = self.root.clone().join(name);
+        self.runtime.block_on(async {
+            match self.store.get(&key).await {
+                Ok(got) => got.bytes().await.map(|b| Some(b.to_vec())).map_err(|e| self.store_error(&key, e)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(self.store_error(&key, e)),
+            }
+        })
+    }
+
     fn read_manifest(&self, c: &CheckpointRef) -> Result<Manifest, CheckpointError> {
         self.runtime.block_on(self.read_manifest_async(c))
     }
@@ -657,6 +675,12 @@ mod tests {
     #[test]
     fn discards_what_never_committed() {
         suite::discards_what_never_committed(&storage());
+    }
+
+    #[test]
+    fn documents_are_published_once() {
+        let s = storage();
+        suite::documents_are_published_once(&s);
     }
 
     #[test]

@@ -1,0 +1,196 @@
+//! Rescaling N → M instances from a savepoint set.
+//!
+//! The procedure (see `docs/rescaling.md`): stop every instance with a savepoint
+//! (`POST /stop {"savepoint": true}`), record the N savepoints as one **set**
+//! (`streamstate savepoint-set`), start M instances with `--from-savepoint-set <name>`.
+//! A set is written once, atomically, and only when all N parts are present, come from
+//! one N-instance deployment (instance `i` of N, key groups `for_instance(M, N, i)`)
+//! and share one `max_parallelism`. Each new instance restores the keyed state of its
+//! new key-group range from the parts that overlap it (the state layer filters and
+//! redistributes operator state), a copy of broadcast state, and the input offsets of
+//! its partitions from the part that owned each.
+
+use serde::{Deserialize, Serialize};
+use streamstate_state::KeyGroupRange;
+
+use crate::checkpoint::{CheckpointError, CheckpointStorage, Manifest, PartitionOffset};
+use crate::config::Config;
+use crate::savepoint;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RescaleError {
+    #[error(transparent)]
+    Storage(#[from] CheckpointError),
+    #[error("savepoint set name {0:?} must be 1-64 characters of [A-Za-z0-9._-]")]
+    BadName(String),
+    #[error("savepoint set {name}: {reason}")]
+    Incomplete { name: String, reason: String },
+    #[error("savepoint set {0} does not exist")]
+    Missing(String),
+    #[error("savepoint set {name} cannot be read: {reason}")]
+    Corrupt { name: String, reason: String },
+}
+
+/// One old instance's savepoint in a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPart {
+    pub instance: u32,
+    /// `sp-<n>-<run>`, under that instance's savepoint location.
+    pub savepoint: String,
+    pub key_groups: KeyGroupRange,
+    pub offsets: Vec<PartitionOffset>,
+    pub control_offsets: Vec<PartitionOffset>,
+}
+
+/// The record of one stop-with-savepoint of all N instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavepointSet {
+    pub name: String,
+    pub instances: u32,
+    pub max_parallelism: u32,
+    pub created_at_ms: u64,
+    pub parts: Vec<SetPart>,
+}
+
+fn document(name: &str) -> String {
+    format!("sets/{name}.json")
+}
+
+/// Savepoint storage of instance `instance` (the default savepoint location).
+pub fn part_storage(config: &Config, instance: u32) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
+    let mut c = config.clone();
+    c.job.instance = instance;
+    savepoint::open(&c, &savepoint::default_location(&c)?)
+}
+
+/// Records the newest completed savepoint of each of instances `0..instances` (or the
+/// given ids, in instance order) as set `name`. Refuses unless the parts form a whole.
+pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]>) -> Result<SavepointSet, RescaleError> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        return Err(RescaleError::BadName(name.to_string()));
+    }
+    let incomplete = |reason: String| RescaleError::Incomplete { name: name.to_string(), reason };
+    if let Some(ids) = ids
+        && ids.len() != instances as usize
+    {
+        return Err(incomplete(format!("{} savepoint ids given for {instances} instances", ids.len())));
+    }
+    let mut parts = Vec::new();
+    let mut max_parallelism = None;
+    for i in 0..instances {
+        let storage = part_storage(config, i)?;
+        let chosen = match ids {
+            Some(ids) => savepoint::parse_savepoint_id(&ids[i as usize])
+                .ok_or_else(|| incomplete(format!("{:?} is not a savepoint id (sp-<n>-<run>)", ids[i as usize])))?,
+            None => {
+                let newest = storage.list()?.into_iter().filter(|c| c.completed).map(|c| c.checkpoint).max_by_key(|c| c.id);
+                newest.ok_or_else(|| incomplete(format!("instance {i} has no completed savepoint")))?
+            }
+        };
+        let manifest = storage.read_manifest(&chosen)?;
+        let r = &manifest.state;
+        let expected = KeyGroupRange::for_instance(r.max_parallelism, instances, i);
+        if manifest.instance != i || r.instance_count != instances || r.key_group_range != expected {
+            return Err(incomplete(format!(
+                "savepoint {} is instance {} of {} (key groups {}), not instance {i} of {instances} ({expected})",
+                savepoint::savepoint_id(&chosen),
+                manifest.instance,
+                r.instance_count,
+                r.key_group_range
+            )));
+        }
+        if *max_parallelism.get_or_insert(r.max_parallelism) != r.max_parallelism {
+            return Err(incomplete("parts disagree on max_parallelism".into()));
+        }
+        parts.push(SetPart {
+            instance: i,
+            savepoint: savepoint::savepoint_id(&chosen),
+            key_groups: r.key_group_range,
+            offsets: manifest.offsets.clone(),
+            control_offsets: manifest.control_offsets.clone(),
+        });
+    }
+    let set = SavepointSet {
+        name: name.to_string(),
+        instances,
+        max_parallelism: max_parallelism.ok_or_else(|| incomplete("no instances".into()))?,
+        created_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        parts,
+    };
+    let bytes = serde_json::to_vec_pretty(&set).map_err(|e| incomplete(e.to_string()))?;
+    // Instance 0's savepoint location holds the set records of the app.
+    part_storage(config, 0)?.put_document(&document(name), &bytes)?;
+    Ok(set)
+}
+
+pub fn read(config: &Config, name: &str) -> Result<SavepointSet, RescaleError> {
+    let bytes = part_storage(config, 0)?.get_document(&document(name))?.ok_or_else(|| RescaleError::Missing(name.to_string()))?;
+    serde_json::from_slice(&bytes).map_err(|e| RescaleError::Corrupt { name: name.to_string(), reason: e.to_string() })
+}
+
+impl SavepointSet {
+    /// The parts whose keyed state overlaps `range`.
+    pub fn parts_for(&self, range: KeyGroupRange) -> Vec<&SetPart> {
+        self.parts.iter().filter(|p| p.key_groups.intersects(&range)).collect()
+    }
+
+    /// Input offsets of every partition, from the part that owned it.
+    pub fn offsets(&self) -> Vec<PartitionOffset> {
+        self.parts.iter().flat_map(|p| p.offsets.iter().cloned()).collect()
+    }
+
+    /// Control-topic offsets every new instance starts from: the lowest any part had read,
+    /// so no rule update is skipped (re-reading one is harmless: versions gate it).
+    pub fn control_offsets(&self) -> Vec<PartitionOffset> {
+        let mut min = std::collections::BTreeMap::<(String, i32), i64>::new();
+        for o in self.parts.iter().flat_map(|p| &p.control_offsets) {
+            let e = min.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
+            *e = (*e).min(o.offset);
+        }
+        min.into_iter().map(|((topic, partition), offset)| PartitionOffset { topic, partition, offset }).collect()
+    }
+}
+
+/// Reads every part's manifest (what a restore fetches).
+pub fn manifests(config: &Config, set: &SavepointSet) -> Result<Vec<(u32, Manifest)>, RescaleError> {
+    let mut out = Vec::new();
+    for p in &set.parts {
+        let id = savepoint::parse_savepoint_id(&p.savepoint)
+            .ok_or_else(|| RescaleError::Corrupt { name: set.name.clone(), reason: format!("bad part id {}", p.savepoint) })?;
+        out.push((p.instance, part_storage(config, p.instance)?.read_manifest(&id)?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(instance: u32, start: u32, end: u32, control: i64) -> SetPart {
+        SetPart {
+            instance,
+            savepoint: format!("sp-1-r{instance}"),
+            key_groups: KeyGroupRange::new(start, end),
+            offsets: vec![PartitionOffset { topic: "in".into(), partition: instance as i32, offset: 10 }],
+            control_offsets: vec![PartitionOffset { topic: "rules".into(), partition: 0, offset: control }],
+        }
+    }
+
+    #[test]
+    fn a_new_range_reads_the_parts_that_overlap_it_and_the_lowest_control_offsets() {
+        let set = SavepointSet {
+            name: "s".into(),
+            instances: 3,
+            max_parallelism: 4,
+            created_at_ms: 0,
+            parts: vec![part(0, 0, 1, 7), part(1, 2, 2, 5), part(2, 3, 3, 9)],
+        };
+        let ids = |r| set.parts_for(r).iter().map(|p| p.instance).collect::<Vec<_>>();
+        assert_eq!(ids(KeyGroupRange::new(0, 1)), vec![0]);
+        assert_eq!(ids(KeyGroupRange::new(2, 3)), vec![1, 2]);
+        assert_eq!(ids(KeyGroupRange::new(0, 3)), vec![0, 1, 2]);
+        assert_eq!(set.control_offsets()[0].offset, 5);
+        assert_eq!(set.offsets().len(), 3);
+    }
+}
