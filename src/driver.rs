@@ -24,6 +24,9 @@ const WATERMARKS: &str = "streamstate.watermarks";
 /// Where the watermark itself is kept among the per-partition entries.
 const WATERMARK_ENTRY: (String, i32) = (String::new(), -1);
 
+/// The reason label for events whose key another instance owns.
+pub const KEY_NOT_OWNED: &str = "key_not_owned";
+
 /// The reason label for events older than the watermark.
 pub const LATE_EVENT: &str = "late_event";
 
@@ -153,6 +156,19 @@ impl Driver {
             }
             _ => self.store.now_ms(),
         };
+        let key_group = streamstate_state::key_group_for(key.as_bytes(), self.store.max_parallelism());
+        if !self.store.key_group_range().contains(key_group) {
+            // Only with several instances: the producer did not partition by this key.
+            self.out.reject(
+                KEY_NOT_OWNED,
+                format!(
+                    "key group {key_group} of this key belongs to another instance (this one owns {}); \
+                     partition the input by the state key, or use job.repartition",
+                    self.store.key_group_range()
+                ),
+            );
+            return Ok(self.out.take());
+        }
         self.store.set_current_key(key.as_bytes())?;
         self.store.set_current_namespace(&[]);
         let event = Event { key, value, timestamp_ms, source };

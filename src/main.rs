@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use streamstate::service;
+use streamstate::{rescale, service};
 use streamstate::config::Config;
 use streamstate::job::{Control, StartOptions};
 use streamstate::metrics::Metrics;
@@ -67,6 +67,28 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Record one savepoint of each of N stopped instances as a set, for a rescaled start
+    /// (`run --from-savepoint-set NAME`). Refused unless all N parts are present.
+    SavepointSet {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Name of the set (`[A-Za-z0-9._-]`, written once).
+        #[arg(long)]
+        name: String,
+        /// How many instances took the savepoints (the old `job.instances`).
+        #[arg(long)]
+        instances: u32,
+        /// The savepoint ids in instance order; default: each instance's newest.
+        #[arg(long, value_delimiter = ',')]
+        ids: Option<Vec<String>>,
+    },
+    /// Print what each of the configured `job.instances` would restore from a set.
+    RescalePlan {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        set: String,
+    },
     /// Run the job on an in-process mock Kafka with generated events (no broker needed).
     Demo {
         /// Stop after this long (e.g. `60s`); default: until Ctrl-C.
@@ -86,6 +108,16 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
+        Command::SavepointSet { config, name, instances, ids } => Config::load(&config).map_err(Into::into).and_then(|c| {
+            let set = rescale::create(&c, &name, instances, ids.as_deref())?;
+            println!("{}", serde_json::to_string_pretty(&set)?);
+            Ok(())
+        }),
+        Command::RescalePlan { config, set } => Config::load(&config).map_err(Into::into).and_then(|c| {
+            let set = rescale::read(&c, &set)?;
+            println!("{}", serde_json::to_string_pretty(&rescale::plan(&set, c.job.instances)?)?);
+            Ok(())
+        }),
         Command::Run {
             config,
             allow_older_checkpoint,

@@ -152,6 +152,39 @@ impl SavepointSet {
     }
 }
 
+/// What one new instance restores from a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanEntry {
+    pub instance: u32,
+    pub key_groups: KeyGroupRange,
+    /// Old instances whose keyed state overlaps the new range (every part is read for
+    /// operator and broadcast state).
+    pub keyed_state_from: Vec<u32>,
+    /// Input partitions and the offsets they resume at.
+    pub offsets: Vec<PartitionOffset>,
+}
+
+/// The plan for `instances` new instances (`streamstate rescale-plan`).
+pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, RescaleError> {
+    if instances == 0 || instances > set.max_parallelism {
+        return Err(RescaleError::Incomplete {
+            name: set.name.clone(),
+            reason: format!("{instances} instances cannot share {} key groups", set.max_parallelism),
+        });
+    }
+    Ok((0..instances)
+        .map(|i| {
+            let key_groups = KeyGroupRange::for_instance(set.max_parallelism, instances, i);
+            PlanEntry {
+                instance: i,
+                key_groups,
+                keyed_state_from: set.parts_for(key_groups).iter().map(|p| p.instance).collect(),
+                offsets: set.offsets().into_iter().filter(|o| key_groups.contains(o.partition as u32)).collect(),
+            }
+        })
+        .collect())
+}
+
 /// Reads every part's manifest (what a restore fetches).
 pub fn manifests(config: &Config, set: &SavepointSet) -> Result<Vec<(u32, Manifest)>, RescaleError> {
     let mut out = Vec::new();
