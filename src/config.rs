@@ -109,6 +109,12 @@ pub struct JobConfig {
     /// How far behind the newest event time of a partition its events may arrive.
     #[serde(default = "default_max_out_of_orderness", with = "humantime_serde")]
     pub max_out_of_orderness: Duration,
+    /// With `timestamp` set: an event whose time is further than this from the wall clock
+    /// (ahead or behind) goes to the dead-letter topic as `event_time_out_of_range`, so one
+    /// event from the year 3000 cannot push the watermark past every later event. Unset:
+    /// no bound (the watermark trusts every event time).
+    #[serde(default, with = "humantime_serde")]
+    pub max_event_time_skew: Option<Duration>,
     /// An input partition without events for this long stops holding the event-time
     /// watermark back until it delivers again. Unset: an idle partition stalls windows.
     #[serde(default, with = "humantime_serde")]

@@ -84,6 +84,9 @@ pub struct Job {
     last_committed: Option<CheckpointRef>,
     start: Start,
     pipeline: Pipeline,
+    /// Set while local state or checkpoint storage is full: not ready until a checkpoint
+    /// commits again.
+    disk_full: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -187,7 +190,8 @@ impl Job {
         }
         let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes)
-            .with_timestamp(config.job.timestamp.as_deref());
+            .with_timestamp(config.job.timestamp.as_deref())
+            .with_max_skew(config.job.max_event_time_skew);
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
@@ -204,6 +208,7 @@ impl Job {
             last_committed: manifest.map(|m| m.checkpoint),
             start,
             pipeline,
+            disk_full: false,
         })
     }
 
@@ -230,7 +235,16 @@ impl Job {
             }
             let now = Instant::now();
             if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
-                self.recover_abortable(|job| job.checkpoint())?;
+                match self.recover_abortable(|job| job.checkpoint()) {
+                    Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
+                    Err(e) => return Err(e),
+                    Ok(()) if self.disk_full => {
+                        self.disk_full = false;
+                        self.control.ready.store(true, Ordering::SeqCst);
+                        info!("disk space is back and a checkpoint committed: ready again");
+                    }
+                    Ok(()) => {}
+                }
                 self.pipeline.sink.begin()?;
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
@@ -245,7 +259,10 @@ impl Job {
                 }
             };
             if let Err(e) = handled {
-                self.recover_abortable(|_| Err(e))?;
+                match self.recover_abortable(|_| Err(e)) {
+                    Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
+                    other => other?,
+                }
                 self.pipeline.sink.begin()?;
             }
         }
@@ -302,6 +319,40 @@ impl Job {
                 self.rewind()
             }
             other => other,
+        }
+    }
+
+    /// Local state or checkpoint storage ran out of space before the epoch committed: the
+    /// epoch's transaction is aborted (nothing is committed past the last durable
+    /// checkpoint), the instance reports not ready, and it retries the rewind to the last
+    /// committed checkpoint with backoff until space returns; readiness comes back with the
+    /// next committed checkpoint.
+    fn wait_for_space(&mut self, cause: JobError) -> Result<(), JobError> {
+        self.control.ready.store(false, Ordering::SeqCst);
+        self.disk_full = true;
+        error!(error = %cause, "disk full: aborting the epoch's transaction; not ready until space returns");
+        self.pipeline.metrics.transactions.with_label_values(&["aborted"]).inc();
+        self.pipeline.sink.abort()?;
+        // A half-written attempt never lends its name to the next one.
+        self.next_checkpoint_id += 1;
+        let staging = self.pipeline.config.state.dir.join(format!("staging-{}", self.pipeline.config.job.instance));
+        let _ = std::fs::remove_dir_all(staging);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                self.control.alive.store(true, Ordering::Relaxed);
+                if self.control.shutdown.load(Ordering::SeqCst) {
+                    return Err(cause);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            match self.rewind() {
+                Ok(()) => return Ok(()),
+                Err(e) if is_disk_full(&e) => warn!(error = %e, retry_in = ?backoff, "disk still full; cannot rewind yet"),
+                Err(e) => return Err(e),
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -363,8 +414,14 @@ impl Job {
         p.metrics.transactions.with_label_values(&["committed"]).inc();
         self.last_committed = Some(checkpoint.clone());
         crash_point!("after-commit");
-        self.storage.mark_complete(&checkpoint)?;
-        self.storage.prune(p.config.checkpoint.retained, &checkpoint)?;
+        // After the commit the checkpoint is the state whatever happens here; a full disk
+        // only delays marking and pruning (restore marks the committed one complete).
+        match self.storage.mark_complete(&checkpoint).and_then(|()| self.storage.prune(p.config.checkpoint.retained, &checkpoint)) {
+            Err(e) if is_disk_full(&e) => {
+                warn!(checkpoint = %checkpoint, error = %e, "disk full: checkpoint committed but not marked complete or pruned")
+            }
+            other => other?,
+        }
         self.next_checkpoint_id = checkpoint.id + 1;
         let secs = started.elapsed().as_secs_f64();
         p.metrics.checkpoints_completed.inc();
@@ -612,6 +669,26 @@ impl Start {
 
 fn partition_offsets(offsets: &Offsets) -> Vec<PartitionOffset> {
     offsets.iter().map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset }).collect()
+}
+
+/// Out of space (ENOSPC) or quota (EDQUOT) anywhere in the error's chain, including
+/// RocksDB's own I/O errors, which reach us only as text.
+pub fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && (matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+                || matches!(io.raw_os_error(), Some(28 | 122)))
+        {
+            return true;
+        }
+        let text = err.to_string();
+        if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
