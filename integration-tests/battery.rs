@@ -99,12 +99,12 @@ fn every_kind_of_bad_input_is_dead_lettered_exactly_once_without_a_crash() {
     };
     let mut service = job.spawn();
     for round in 0..2 {
-        for i in 0..1_000 {
+        for i in 0..1_000i32 {
             let user = format!("user-{}", rng.random_range(0..50));
             let good = format!("{{\"user_id\":\"{user}\",\"ts\":{},\"seq\":{i}}}", now_ms());
             send(&user, good.as_bytes(), i % 2);
             if i % 40 == 0 {
-                let (_, b) = &bad[(i / 40 + round * 25) % bad.len()];
+                let (_, b) = &bad[(i as usize / 40 + round * 25) % bad.len()];
                 send("bad", b, i % 2);
             }
         }
