@@ -123,3 +123,17 @@ fn demo_runs_without_a_broker_and_metrics_rise() {
     assert!(status.success(), "demo must exit 0 after --duration; stderr:\n{stderr}");
     assert!(stderr.contains("demo progress"), "demo prints what it is doing:\n{stderr}");
 }
+
+#[test]
+fn non_loopback_admin_listener_without_a_token_is_refused() {
+    let body = format!("{MINIMAL}\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
+    for cmd in ["check-config", "run"] {
+        let (ok, stderr) = run(&[cmd], &body, &[]);
+        assert!(!ok, "{cmd}: a non-loopback listener without a token must be refused");
+        let line = error_line(&stderr);
+        assert!(line.contains("admin.listen") || line.contains("admin.token"), "{cmd}: names the key: {line}");
+    }
+    let (ok, stderr) = run(&["check-config"], &body, &[("STREAMSTATE__ADMIN__TOKEN", "t0ken-xyz")]);
+    assert!(ok, "with a token it is accepted: {stderr}");
+    assert!(!stderr.contains("t0ken-xyz"));
+}

@@ -112,6 +112,7 @@ fn random_sigkills(storage: Storage) {
     wait_all_committed(&job, &mut service);
     service.sigkill();
     let (outputs, _) = check_exactly_once(&job);
+    independent_check(&job, &CheckerOptions::all());
     eprintln!("random kills: {kills} SIGKILLs in {:?}, {outputs} outputs checked", started.elapsed());
 }
 

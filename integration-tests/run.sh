@@ -63,3 +63,8 @@ export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"
 cargo test --release --workspace --locked --no-fail-fast "${features[@]}" --test '*' -- --test-threads=2
+
+# The battery's Rust tests (integration-tests/battery.rs, broker_restart.rs) ran above; its
+# fuzzing runs here. Long form: integration-tests/battery.sh --long (docs/reliability.md).
+echo "== reliability battery: fuzz the decoder, rule parser and manifest parser (20 s per target)"
+"$root/integration-tests/fuzz.sh" --seconds 20

@@ -114,6 +114,12 @@ pub struct JobConfig {
     /// How far behind the newest event time of a partition its events may arrive.
     #[serde(default = "default_max_out_of_orderness", with = "humantime_serde")]
     pub max_out_of_orderness: Duration,
+    /// With `timestamp` set: an event whose time is further than this from the wall clock
+    /// (ahead or behind) goes to the dead-letter topic as `event_time_out_of_range`, so one
+    /// event from the year 3000 cannot push the watermark past every later event. Unset:
+    /// no bound (the watermark trusts every event time).
+    #[serde(default, with = "humantime_serde")]
+    pub max_event_time_skew: Option<Duration>,
     /// An input partition without events for this long stops holding the event-time
     /// watermark back until it delivers again. Unset: an idle partition stalls windows.
     #[serde(default, with = "humantime_serde")]
@@ -368,6 +374,21 @@ impl Config {
         Ok(())
     }
 
+    /// Largest dead-letter payload: `job.max_record_bytes`, but never more than the
+    /// producer may send (`message.max.bytes`, librdkafka's default 1,000,000) less room
+    /// for headers and key, so writing a dead letter cannot itself fail on size.
+    pub fn dead_letter_max_bytes(&self) -> usize {
+        let producer_max = self
+            .kafka
+            .producer_properties
+            .get("message.max.bytes")
+            .or_else(|| self.kafka.properties.get("message.max.bytes"))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1_000_000);
+        let room = self.job.max_key_bytes + 64 * 1024;
+        self.job.max_record_bytes.min(producer_max.saturating_sub(room))
+    }
+
     /// The admin bearer token, read from `admin.token_file` when that is set.
     pub fn admin_token(&self) -> Result<Option<Secret>, ConfigError> {
         if let Some(path) = &self.admin.token_file {
@@ -557,6 +578,16 @@ key = "/user"
     }
 
     #[test]
+    fn dead_letters_fit_what_the_producer_may_send() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Config::load(&write(&dir, MINIMAL)).expect("load");
+        assert_eq!(c.dead_letter_max_bytes(), 1_000_000 - 4096 - 65_536, "1 MiB records are cut below librdkafka's 1,000,000");
+        let body = format!("{MINIMAL}max_record_bytes = 1000\n[kafka.producer_properties]\n\"message.max.bytes\" = \"20000000\"\n");
+        let c = Config::load(&write(&dir, &body)).expect("load");
+        assert_eq!(c.dead_letter_max_bytes(), 1000);
+    }
+
+    #[test]
     fn refuses_public_admin_listener_without_a_token() {
         let dir = tempfile::tempdir().expect("tempdir");
         let open = format!("{MINIMAL}\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
@@ -591,6 +622,7 @@ key = "/user"
                 ("kafka__producer_properties__linger.ms".into(), "5".into()),
                 ("KAFKA__CONSUMER_PROPERTIES__SASL.PASSWORD".into(), "0123".into()),
                 ("JOB__INSTANCE".into(), "2".into()),
+                ("JOB__INSTANCES".into(), "3".into()),
             ],
         };
         let c = Config::from_figment(Figment::new().merge(Toml::file(write(&dir, &file))).merge(env)).expect("load");

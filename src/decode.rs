@@ -32,6 +32,8 @@ pub enum DecodeError {
     MissingTimestamp(String),
     #[error("event time field {0} is not ms since the epoch or an RFC 3339 time")]
     BadTimestamp(String),
+    #[error("event time {timestamp_ms} ms is more than job.max_event_time_skew ({max_skew_ms} ms) from the wall clock ({now_ms} ms)")]
+    EventTimeOutOfRange { timestamp_ms: u64, now_ms: u64, max_skew_ms: u64 },
 }
 
 impl DecodeError {
@@ -48,6 +50,7 @@ impl DecodeError {
             Self::KeyTooLarge { .. } => "key_too_large",
             Self::MissingTimestamp(_) => "missing_timestamp",
             Self::BadTimestamp(_) => "bad_timestamp",
+            Self::EventTimeOutOfRange { .. } => "event_time_out_of_range",
         }
     }
 }
@@ -68,11 +71,12 @@ pub struct Decoder {
     max_record_bytes: usize,
     max_key_bytes: usize,
     timestamp_pointer: Option<String>,
+    max_skew_ms: Option<u64>,
 }
 
 impl Decoder {
     pub fn new(key_pointer: &str, max_record_bytes: usize, max_key_bytes: usize) -> Self {
-        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes, timestamp_pointer: None }
+        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes, timestamp_pointer: None, max_skew_ms: None }
     }
 
     /// Also extract event time from this JSON pointer; events without it are refused.
@@ -81,7 +85,19 @@ impl Decoder {
         self
     }
 
+    /// Refuse event times further than `skew` from the wall clock (`job.max_event_time_skew`).
+    pub fn with_max_skew(mut self, skew: Option<std::time::Duration>) -> Self {
+        self.max_skew_ms = skew.map(|d| d.as_millis().min(u64::MAX as u128) as u64);
+        self
+    }
+
     pub fn decode(&self, payload: Option<&[u8]>) -> Result<Event, DecodeError> {
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.decode_at(payload, now_ms)
+    }
+
+    /// [`Decoder::decode`] with the wall clock given (the skew check's "now").
+    pub fn decode_at(&self, payload: Option<&[u8]>, now_ms: u64) -> Result<Event, DecodeError> {
         let value = parse_json(payload, self.max_record_bytes)?;
         let key = match value.pointer(&self.key_pointer) {
             None | Some(Value::Null) => return Err(DecodeError::MissingKey(self.key_pointer.clone())),
@@ -105,6 +121,11 @@ impl Decoder {
                 Some(_) => return Err(DecodeError::BadTimestamp(p.clone())),
             }),
         };
+        if let (Some(ts), Some(max_skew_ms)) = (timestamp_ms, self.max_skew_ms)
+            && ts.abs_diff(now_ms) > max_skew_ms
+        {
+            return Err(DecodeError::EventTimeOutOfRange { timestamp_ms: ts, now_ms, max_skew_ms });
+        }
         Ok(Event { key, value, timestamp_ms })
     }
 }
@@ -190,6 +211,24 @@ mod tests {
         assert_eq!(ts(br#"{"user":"u","ts":-5}"#), Err("bad_timestamp"));
         assert_eq!(ts(br#"{"user":"u","ts":"yesterday"}"#), Err("bad_timestamp"));
         assert_eq!(ts(br#"{"user":"u","ts":[1]}"#), Err("bad_timestamp"));
+    }
+
+    #[test]
+    fn event_times_further_than_the_skew_from_now_are_out_of_range() {
+        let day = std::time::Duration::from_secs(86_400);
+        let d = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts")).with_max_skew(Some(day));
+        let now = 1_700_000_000_000u64;
+        let ts = |t: u64| d.decode_at(Some(format!(r#"{{"user":"u","ts":{t}}}"#).as_bytes()), now).map(|e| e.timestamp_ms).map_err(|e| e.reason());
+        assert_eq!(ts(now - 3_600_000), Ok(Some(now - 3_600_000)));
+        assert_eq!(ts(now + 86_400_000), Ok(Some(now + 86_400_000)), "exactly the skew is in range");
+        assert_eq!(ts(now + 86_400_001), Err("event_time_out_of_range"));
+        assert_eq!(ts(0), Err("event_time_out_of_range"));
+        assert_eq!(ts(u64::MAX), Err("event_time_out_of_range"));
+        let year_3000 = d.decode_at(Some(br#"{"user":"u","ts":"3000-01-01T00:00:00Z"}"#), now).map_err(|e| e.reason());
+        assert_eq!(year_3000, Err("event_time_out_of_range"));
+        // Unset: no bound.
+        let free = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts"));
+        assert!(free.decode_at(Some(br#"{"user":"u","ts":0}"#), now).is_ok());
     }
 
     #[test]

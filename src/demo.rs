@@ -48,6 +48,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             function: FunctionKind::Rules,
             timestamp: None,
             max_out_of_orderness: Duration::from_secs(5),
+            max_event_time_skew: None,
             idle_timeout: None,
             state_ttl: None,
         },

@@ -61,6 +61,8 @@ pub enum JobError {
          (docs/checkpoint-tools.md)"
     )]
     MaxParallelism { what: String, found: u32, expected: u32 },
+    #[error("checkpoint file {file} (stored at {stored}) is damaged: {reason}")]
+    CorruptFile { file: String, stored: String, reason: String },
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
     #[error(transparent)]
@@ -124,6 +126,9 @@ pub struct Job {
     stopping: Option<(Option<crate::history::SavepointRecord>, Reply<Option<crate::history::SavepointRecord>>)>,
     /// State came from a savepoint: checkpoint it before processing anything.
     restored_from_savepoint: bool,
+    /// Set while local state or checkpoint storage is full: not ready until a checkpoint
+    /// commits again.
+    disk_full: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -281,7 +286,8 @@ impl Job {
         }
         let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
         let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes)
-            .with_timestamp(config.job.timestamp.as_deref());
+            .with_timestamp(config.job.timestamp.as_deref())
+            .with_max_skew(config.job.max_event_time_skew);
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
@@ -300,6 +306,7 @@ impl Job {
             requests: control.requests.take_receiver(),
             stopping: None,
             restored_from_savepoint,
+            disk_full: false,
             control,
         })
     }
@@ -331,7 +338,16 @@ impl Job {
             }
             let now = Instant::now();
             if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
-                self.recover_abortable(|job| job.checkpoint(Trigger::Periodic).map(drop))?;
+                match self.recover_abortable(|job| job.checkpoint(Trigger::Periodic).map(drop)) {
+                    Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
+                    Err(e) => return Err(e),
+                    Ok(()) if self.disk_full => {
+                        self.disk_full = false;
+                        self.control.ready.store(true, Ordering::SeqCst);
+                        info!("disk space is back and a checkpoint committed: ready again");
+                    }
+                    Ok(()) => {}
+                }
                 self.pipeline.sink.begin()?;
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
@@ -351,7 +367,10 @@ impl Job {
                 }
             };
             if let Err(e) = handled {
-                self.recover_abortable(|_| Err(e))?;
+                match self.recover_abortable(|_| Err(e)) {
+                    Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
+                    other => other?,
+                }
                 self.pipeline.sink.begin()?;
             }
         }
@@ -410,6 +429,40 @@ impl Job {
                 self.rewind()
             }
             other => other,
+        }
+    }
+
+    /// Local state or checkpoint storage ran out of space before the epoch committed: the
+    /// epoch's transaction is aborted (nothing is committed past the last durable
+    /// checkpoint), the instance reports not ready, and it retries the rewind to the last
+    /// committed checkpoint with backoff until space returns; readiness comes back with the
+    /// next committed checkpoint.
+    fn wait_for_space(&mut self, cause: JobError) -> Result<(), JobError> {
+        self.control.ready.store(false, Ordering::SeqCst);
+        self.disk_full = true;
+        error!(error = %cause, "disk full: aborting the epoch's transaction; not ready until space returns");
+        self.pipeline.metrics.transactions.with_label_values(&["aborted"]).inc();
+        self.pipeline.sink.abort()?;
+        // A half-written attempt never lends its name to the next one.
+        self.next_checkpoint_id += 1;
+        let staging = self.pipeline.config.state.dir.join(format!("staging-{}", self.pipeline.config.job.instance));
+        let _ = std::fs::remove_dir_all(staging);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                self.control.alive.store(true, Ordering::Relaxed);
+                if self.control.shutdown.load(Ordering::SeqCst) {
+                    return Err(cause);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            match self.rewind() {
+                Ok(()) => return Ok(()),
+                Err(e) if is_disk_full(&e) => warn!(error = %e, retry_in = ?backoff, "disk still full; cannot rewind yet"),
+                Err(e) => return Err(e),
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -499,8 +552,14 @@ impl Job {
         p.metrics.transactions.with_label_values(&["committed"]).inc();
         self.last_committed = Some(checkpoint.clone());
         crash_point!("after-commit");
-        self.storage.mark_complete(&checkpoint)?;
-        self.storage.prune(p.config.checkpoint.retained, &checkpoint)?;
+        // After the commit the checkpoint is the state whatever happens here; a full disk
+        // only delays marking and pruning (restore marks the committed one complete).
+        match self.storage.mark_complete(&checkpoint).and_then(|()| self.storage.prune(p.config.checkpoint.retained, &checkpoint)) {
+            Err(e) if is_disk_full(&e) => {
+                warn!(checkpoint = %checkpoint, error = %e, "disk full: checkpoint committed but not marked complete or pruned")
+            }
+            other => other?,
+        }
         self.next_checkpoint_id = checkpoint.id + 1;
         let secs = started.elapsed().as_secs_f64();
         p.metrics.checkpoints_completed.inc();
@@ -633,7 +692,9 @@ impl Pipeline {
         // An over-size record is cut to the limit so the dead-letter write itself cannot
         // fail; the whole record stays in the input topic at the offset in the headers.
         let payload = msg.payload().unwrap_or_default();
-        let payload = &payload[..payload.len().min(self.config.job.max_record_bytes)];
+        let size = payload.len().to_string();
+        let headers = headers.insert(Header { key: "streamstate.source.size", value: Some(size.as_str()) });
+        let payload = &payload[..payload.len().min(self.config.dead_letter_max_bytes())];
         self.sink.send(&self.config.kafka.dead_letter_topic, msg.key(), payload, Some(headers))?;
         Ok(())
     }
@@ -706,7 +767,7 @@ fn restore_into(
     let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
     storage.fetch(manifest, &fetched)?;
     crash_point!("during-restore");
-    load((fetched.clone(), manifest.state.clone()))?;
+    load((fetched.clone(), manifest.state.clone())).map_err(|e| name_stored_file(e, &fetched, manifest, storage))?;
     remove_dir(&fetched)?;
     info!(
         checkpoint = %manifest.checkpoint,
@@ -717,6 +778,27 @@ fn restore_into(
         "restore loaded checkpoint files"
     );
     Ok(())
+}
+
+/// A damaged file found while loading names the local copy; say where it is stored too
+/// (`shared/<sha256>` for RocksDB SSTs), which is what an operator must repair.
+fn name_stored_file(e: JobError, fetched: &std::path::Path, manifest: &Manifest, storage: &dyn CheckpointStorage) -> JobError {
+    let corrupt = match &e {
+        JobError::State(streamstate_state::StateError::Corrupt { path, reason })
+        | JobError::Function(FunctionError::State(streamstate_state::StateError::Corrupt { path, reason })) => Some((path, reason)),
+        _ => None,
+    };
+    let Some((path, reason)) = corrupt else { return e };
+    let Some(file) = path.strip_prefix(fetched).ok().and_then(|rel| manifest.state.files.iter().find(|f| std::path::Path::new(&f.path) == rel))
+    else {
+        return e;
+    };
+    let stored = if crate::checkpoint::is_shared(&file.path) {
+        format!("{}/shared/{}", storage.describe(), file.sha256)
+    } else {
+        format!("{}/{}/{}", storage.describe(), manifest.checkpoint, file.path)
+    };
+    JobError::CorruptFile { file: file.path.clone(), stored, reason: reason.clone() }
 }
 
 /// The operator's explicit fallback: the newest intact completed checkpoint older than
@@ -778,6 +860,26 @@ impl Start {
 
 fn partition_offsets(offsets: &Offsets) -> Vec<PartitionOffset> {
     offsets.iter().map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset }).collect()
+}
+
+/// Out of space (ENOSPC) or quota (EDQUOT) anywhere in the error's chain, including
+/// RocksDB's own I/O errors, which reach us only as text.
+pub fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && (matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+                || matches!(io.raw_os_error(), Some(28 | 122)))
+        {
+            return true;
+        }
+        let text = err.to_string();
+        if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {

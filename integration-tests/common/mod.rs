@@ -754,3 +754,85 @@ pub fn http_with(method: &str, addr: SocketAddr, path: &str, headers: &[(&str, &
     let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_lowercase(), b.to_string())).unwrap_or_default();
     Ok(Answer { status, head, body })
 }
+
+// ---------------------------------------------------------------- the independent checker
+
+/// What the independent checker (`integration-tests/checker/check.py`) is told about a run.
+#[derive(Debug, Clone, Default)]
+pub struct CheckerOptions {
+    /// Output values a test wrote itself (markers), left out.
+    pub ignore_value: Option<String>,
+    /// Every input record must be below the committed offsets.
+    pub expect_all: bool,
+    pub max_record_bytes: Option<usize>,
+    pub max_key_bytes: Option<usize>,
+    pub timestamp_field: Option<String>,
+    pub max_skew_ms: Option<u64>,
+}
+
+impl CheckerOptions {
+    pub fn all() -> Self {
+        Self { expect_all: true, ..Self::default() }
+    }
+}
+
+/// The checker's Python (a venv with confluent-kafka, installed once by `checker/setup.sh`).
+pub fn checker_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("STREAMSTATE_TEST_CHECKER_PYTHON") {
+                return PathBuf::from(p);
+            }
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/checker/setup.sh");
+            let out = Command::new(&script).stderr(Stdio::inherit()).output().expect("run checker/setup.sh");
+            assert!(out.status.success(), "checker/setup.sh failed");
+            let text = String::from_utf8_lossy(&out.stdout);
+            PathBuf::from(text.lines().last().expect("setup.sh prints the python path").trim())
+        })
+        .clone()
+}
+
+/// Runs the independent checker on `job`; returns its JSON report. The caller decides
+/// whether violations fail (see [`independent_check`]).
+pub fn independent_report(job: &Job, opts: &CheckerOptions) -> (bool, serde_json::Value) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/checker/check.py");
+    let mut cmd = Command::new(checker_python());
+    cmd.arg(script)
+        .args(["--bootstrap", &bootstrap(), "--group", &job.app_id])
+        .args(["--input", &job.input, "--output", &job.output, "--dlq", &job.dlq]);
+    if let Some(v) = &opts.ignore_value {
+        cmd.args(["--ignore-value", v]);
+    }
+    if opts.expect_all {
+        cmd.arg("--expect-all");
+    }
+    if let Some(n) = opts.max_record_bytes {
+        cmd.args(["--max-record-bytes", &n.to_string()]);
+    }
+    if let Some(n) = opts.max_key_bytes {
+        cmd.args(["--max-key-bytes", &n.to_string()]);
+    }
+    if let Some(f) = &opts.timestamp_field {
+        cmd.args(["--timestamp-field", f]);
+    }
+    if let Some(n) = opts.max_skew_ms {
+        cmd.args(["--max-skew-ms", &n.to_string()]);
+    }
+    let out = cmd.stderr(Stdio::inherit()).output().expect("run checker");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("checker printed no JSON report ({e}): {text}"));
+    (out.status.success(), report)
+}
+
+/// Runs the independent checker and fails the test on any violation; returns the report.
+pub fn independent_check(job: &Job, opts: &CheckerOptions) -> serde_json::Value {
+    let (ok, report) = independent_report(job, opts);
+    assert!(ok, "independent checker found violations:\n{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    eprintln!(
+        "independent checker: ok; {} outputs, {} dead letters, aborted attempts {}",
+        report["outputs"], report["dead_letters"], report["aborted_attempts"]
+    );
+    report
+}
