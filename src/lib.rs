@@ -17,6 +17,8 @@
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`job`]: the loop that ties them together and runs the commit protocol.
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
+//! - [`tools`]: offline checkpoint tools (list, inspect, verify, export/import, surgery,
+//!   check-restore) on checkpoint storage, never on a running instance.
 //! - [`service`]: one instance: admin server, job thread, signals; [`service::run`] is the
 //!   entry point for binaries with their own process function.
 //!
@@ -54,6 +56,7 @@ pub mod rules;
 pub mod service;
 pub mod sink;
 pub mod source;
+pub mod tools;
 
 /// What a configured failpoint does: die on the spot, like `kill -9`, leaving files and
 /// the open transaction exactly as they are.

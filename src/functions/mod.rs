@@ -7,3 +7,17 @@
 pub mod count;
 
 pub use count::Count;
+
+use streamstate_state::StateDeclaration;
+
+use crate::config::FunctionKind;
+
+/// The keyed states a built-in function registers in `open`, without running it: what
+/// `streamstate check-restore` compares a snapshot with. The rule engine registers none
+/// yet; when it does, its list goes here.
+pub fn declared_states(function: FunctionKind) -> Vec<StateDeclaration> {
+    match function {
+        FunctionKind::Count => Count::declared_states(),
+        FunctionKind::Rules => Vec::new(),
+    }
+}
