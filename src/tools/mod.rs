@@ -200,3 +200,6 @@ pub fn origin_of(m: &Manifest) -> Origin {
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests;

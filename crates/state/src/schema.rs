@@ -150,3 +150,133 @@ pub fn compare(old: Option<&SchemaMeta>, new: &SchemaMeta, migrates_from: &[u32]
         old.version, old.value_type, new.version, new.value_type, old.version
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::*;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct CountV2 {
+        n: u64,
+        last_seen: Option<u64>,
+    }
+
+    fn v2() -> ValueStateDescriptor<CountV2> {
+        let mut d = ValueStateDescriptor::<CountV2>::new("count").with_schema_version(2);
+        d.schema = d.schema.with_serde_migration::<u64, CountV2>(1, |n| CountV2 { n, last_seen: None });
+        d
+    }
+
+    fn v1_snapshot(dir: &std::path::Path, backend: BackendKind) -> (std::path::PathBuf, SnapshotResult) {
+        let clock = ManualClock::new(1_000);
+        let store = StateStore::open_with_clock(StoreConfig::new(backend, dir.join("a"), 8), Arc::new(clock)).unwrap();
+        let c = store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+        let t = store.list_state(&ListStateDescriptor::<u32>::new("seen").with_ttl(TtlConfig::new(Duration::from_secs(10)))).unwrap();
+        for i in 0..50u64 {
+            store.set_current_key(format!("k{i}").as_bytes()).unwrap();
+            c.update(&i).unwrap();
+            t.add(&(i as u32)).unwrap();
+        }
+        let out = dir.join("snap");
+        let r = store.snapshot(1, &out).unwrap();
+        (out, r)
+    }
+
+    fn restored(dir: &std::path::Path, snap: &(std::path::PathBuf, SnapshotResult), clock: &ManualClock) -> StateStore {
+        let store = StateStore::open_with_clock(StoreConfig::new(BackendKind::Rocksdb, dir, 8), Arc::new(clock.clone())).unwrap();
+        store.restore(std::slice::from_ref(snap)).unwrap();
+        store
+    }
+
+    #[test]
+    fn snapshots_record_schemas_and_a_migration_rewrites_old_values_once() {
+        for backend in [BackendKind::Rocksdb, BackendKind::Hashmap] {
+            let dir = tempfile::tempdir().unwrap();
+            let snap = v1_snapshot(dir.path(), backend);
+            let meta = crate::offline::RawSnapshot::read_meta(&snap.0).unwrap();
+            let count = meta.states.iter().find(|s| s.name == "count").unwrap();
+            assert_eq!(count.schema, Some(SchemaMeta::new("u64", 1)));
+            let clock = ManualClock::new(2_000);
+            let store = restored(&dir.path().join("b"), &snap, &clock);
+            let c = store.value_state(&v2()).unwrap();
+            // TTL'd list with a bumped version and an element migration u32 -> u64.
+            let mut ld = ListStateDescriptor::<u64>::new("seen").with_ttl(TtlConfig::new(Duration::from_secs(10))).with_schema_version(2);
+            ld.schema = ld.schema.with_serde_migration::<u32, u64>(1, |x| x as u64 * 10);
+            let l = store.list_state(&ld).unwrap();
+            for i in 0..50u64 {
+                store.set_current_key(format!("k{i}").as_bytes()).unwrap();
+                assert_eq!(c.value().unwrap(), Some(CountV2 { n: i, last_seen: None }));
+                assert_eq!(l.get().unwrap(), vec![i * 10]);
+            }
+            // TTL timestamps were kept: written at 1_000, expired at 11_000.
+            clock.set(11_000);
+            store.set_current_key(b"k3").unwrap();
+            assert!(l.get().unwrap().is_empty());
+            // Registering again (a second open) does not migrate twice.
+            let c2 = store.value_state(&v2()).unwrap();
+            store.set_current_key(b"k4").unwrap();
+            assert_eq!(c2.value().unwrap(), Some(CountV2 { n: 4, last_seen: None }));
+            // The next snapshot records version 2.
+            store.snapshot(2, &dir.path().join("snap2")).unwrap();
+            let meta = crate::offline::RawSnapshot::read_meta(&dir.path().join("snap2")).unwrap();
+            let count = meta.states.iter().find(|s| s.name == "count").unwrap();
+            assert_eq!(count.schema.as_ref().map(|s| s.version), Some(2));
+        }
+    }
+
+    #[test]
+    fn an_incompatible_type_fails_at_registration_naming_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = v1_snapshot(dir.path(), BackendKind::Rocksdb);
+        let store = restored(&dir.path().join("b"), &snap, &ManualClock::new(2_000));
+        let err = store.value_state(&ValueStateDescriptor::<String>::new("count")).err().unwrap().to_string();
+        assert!(err.contains("'count'") && err.contains("u64") && err.contains("String"), "{err}");
+        let err = store.value_state(&ValueStateDescriptor::<u64>::new("count").with_schema_version(2)).err().unwrap().to_string();
+        assert!(err.contains("no migration from version 1"), "{err}");
+        // Unchanged still works.
+        store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+    }
+
+    #[test]
+    fn rewinding_to_a_pre_migration_snapshot_migrates_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = v1_snapshot(dir.path(), BackendKind::Rocksdb);
+        let store = restored(&dir.path().join("b"), &snap, &ManualClock::new(2_000));
+        store.value_state(&v2()).unwrap();
+        // An aborted epoch: the same store restores the v1 snapshot again, then opens.
+        store.restore(std::slice::from_ref(&snap)).unwrap();
+        let c = store.value_state(&v2()).unwrap();
+        store.set_current_key(b"k9").unwrap();
+        assert_eq!(c.value().unwrap(), Some(CountV2 { n: 9, last_seen: None }));
+    }
+
+    #[test]
+    fn snapshots_without_schemas_still_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snap, r) = v1_snapshot(dir.path(), BackendKind::Hashmap);
+        // Strip the schemas, as a snapshot written before they existed; fix the checksum.
+        let path = snap.join(crate::snapshot::META_FILE);
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for s in v["states"].as_array_mut().unwrap() {
+            s.as_object_mut().unwrap().remove("schema");
+        }
+        let bytes = serde_json::to_vec(&v).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let mut r = r;
+        for f in &mut r.files {
+            if f.path == crate::snapshot::META_FILE {
+                f.size = bytes.len() as u64;
+                f.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            }
+        }
+        let store = restored(&dir.path().join("b"), &(snap, r), &ManualClock::new(2_000));
+        let c = store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+        store.set_current_key(b"k2").unwrap();
+        assert_eq!(c.value().unwrap(), Some(2));
+    }
+}
