@@ -308,6 +308,16 @@ fn check_restore_cli_keeps_refuses_drops_and_checks_key_groups() {
     let (code, out, _) = check_restore(&config, &["--from", &f.checkpoint], &[("STREAMSTATE__STATE__MAX_PARALLELISM", "256")]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}");
     assert!(out.contains("<key groups>") && out.contains("rekey"), "{out}");
+    // `latest` (what the Helm hook uses); no checkpoint at all is a first start.
+    let (code, out, _) = check_restore(&config, &["--from", "latest"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&f.checkpoint), "{out}");
+    let empty = dir.path().join("empty.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&empty, text.replace(&f.job.checkpoint_dir().display().to_string(), &dir.path().join("none").display().to_string())).unwrap();
+    let (code, out, err) = check_restore(&empty, &["--from", "latest"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("first start"), "{out}");
     // JSON, and savepoint directories work as sources.
     let sp = dir.path().join("sp");
     assert_eq!(tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "rename-state", "count", "n"], &[]).0, 0);

@@ -17,7 +17,9 @@ use crate::config::Config;
 pub struct CheckRestoreArgs {
     #[arg(long, short)]
     pub config: PathBuf,
-    /// A checkpoint (`chk-<id>-<run>` or `<id>`) or a savepoint directory.
+    /// A checkpoint (`chk-<id>-<run>`, `<id>`, or `latest`: the newest completed one, and
+    /// no checkpoint at all then counts as a first start, which succeeds) or a savepoint
+    /// directory.
     #[arg(long)]
     pub from: String,
     /// Accept states the job no longer declares.
@@ -138,6 +140,13 @@ pub fn check(
 }
 
 pub fn report(config: &Config, from: &str, declared: &[StateDeclaration], allow_drop: bool) -> anyhow::Result<Report> {
+    if from == "latest" && !std::path::Path::new(from).is_dir() {
+        let storage = crate::checkpoint::open_storage(config)?;
+        if super::latest(storage.as_ref())?.is_none() {
+            let line = Line { name: "<none>".into(), verdict: Verdict::Keep, reason: format!("no completed checkpoint in {}: a first start, nothing to restore", storage.describe()) };
+            return Ok(Report { source: "no checkpoint".into(), lines: vec![line], ok: true });
+        }
+    }
     let f = fetch(config, from, true)?;
     let meta = RawSnapshot::read_meta(&f.dir)?;
     let lines = check(&meta.states, meta.max_parallelism, declared, config.state.max_parallelism, allow_drop);

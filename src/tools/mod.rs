@@ -133,9 +133,14 @@ pub enum SourceRef {
     Savepoint(PathBuf),
 }
 
+/// The newest completed checkpoint, if any.
+pub fn latest(storage: &dyn CheckpointStorage) -> anyhow::Result<Option<CheckpointRef>> {
+    Ok(storage.list()?.into_iter().filter(|i| i.completed).map(|i| i.checkpoint).max_by_key(|c| c.id))
+}
+
 /// Resolves `from` against storage: a directory path is a savepoint; `chk-…` a
-/// checkpoint; a bare number the checkpoint with that id (the completed one if several
-/// runs wrote it).
+/// checkpoint; `latest` the newest completed checkpoint; a bare number the checkpoint
+/// with that id (the completed one if several runs wrote it).
 pub fn resolve(storage: &dyn CheckpointStorage, from: &str) -> anyhow::Result<SourceRef> {
     let path = Path::new(from);
     if path.is_dir() {
@@ -143,6 +148,12 @@ pub fn resolve(storage: &dyn CheckpointStorage, from: &str) -> anyhow::Result<So
     }
     if let Some(c) = CheckpointRef::parse(from) {
         return Ok(SourceRef::Checkpoint(c));
+    }
+    if from == "latest" {
+        return match latest(storage)? {
+            Some(c) => Ok(SourceRef::Checkpoint(c)),
+            None => bail!("no completed checkpoint in {}", storage.describe()),
+        };
     }
     let Ok(id) = from.parse::<u64>() else {
         bail!("{from:?} is neither a checkpoint (chk-<id>-<run> or <id>) nor a savepoint directory");
