@@ -63,6 +63,10 @@ pub struct Report {
     pub ok: bool,
 }
 
+fn kind(k: streamstate_state::StateKind) -> String {
+    format!("{k:?}").to_lowercase()
+}
+
 /// The comparison itself, on what the snapshot recorded and what the job declares.
 pub fn check(
     snapshot: &[StateMeta],
@@ -89,13 +93,13 @@ pub fn check(
             let reason = format!(
                 "the job does not declare this {} state; its entries would be carried along unread \
                  (remove them with `checkpoints surgery … drop-state {}`)",
-                s.kind, s.name
+                kind(s.kind), s.name
             );
             lines.push(line(&s.name, if allow_drop { Verdict::Drop } else { Verdict::Fail }, if allow_drop { reason } else { format!("{reason}; pass --allow-drop to accept") }));
             continue;
         };
         if d.kind != s.kind {
-            lines.push(line(&s.name, Verdict::Fail, format!("kind changed from {} to {}", s.kind, d.kind)));
+            lines.push(line(&s.name, Verdict::Fail, format!("kind changed from {} to {}", kind(s.kind), kind(d.kind))));
             continue;
         }
         if d.ttl.is_some() != s.ttl.is_some() {
@@ -114,8 +118,8 @@ pub fn check(
         match streamstate_state::schema::compare(s.schema.as_ref(), &d.schema, &d.migrates_from) {
             SchemaChange::Keep => {
                 let what = match &s.schema {
-                    Some(sc) => format!("{} {} v{}, unchanged", s.kind, sc.value_type, sc.version),
-                    None => format!("{} (no schema recorded in the snapshot: not verifiable, taken as {} v{})", s.kind, d.schema.value_type, d.schema.version),
+                    Some(sc) => format!("{} {} v{}, unchanged", kind(s.kind), sc.value_type, sc.version),
+                    None => format!("{} (no schema recorded in the snapshot: not verifiable, taken as {} v{})", kind(s.kind), d.schema.value_type, d.schema.version),
                 };
                 lines.push(line(&s.name, Verdict::Keep, format!("{what}{ttl_note}")));
             }
@@ -133,7 +137,7 @@ pub fn check(
     }
     for d in declared {
         if !snapshot.iter().any(|s| s.name == d.name) {
-            lines.push(line(&d.name, Verdict::New, format!("new {} state ({} v{}): starts empty", d.kind, d.schema.value_type, d.schema.version)));
+            lines.push(line(&d.name, Verdict::New, format!("new {} state ({} v{}): starts empty", kind(d.kind), d.schema.value_type, d.schema.version)));
         }
     }
     lines
