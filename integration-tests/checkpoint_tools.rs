@@ -395,3 +395,40 @@ fn tools_work_on_s3_storage() {
     let (code, out, err) = check_restore(&config, &["--from", &name], &env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>());
     assert_eq!(code, 0, "{out}{err}");
 }
+
+#[test]
+fn add_ttl_and_drop_state_on_a_real_checkpoint_then_check_restore_judges_them() {
+    let f = fixture();
+    let config = f.job.config_path();
+    let dir = tempfile::tempdir().unwrap();
+    // add-ttl: entries get a last access of now and expire an hour later.
+    let sp = dir.path().join("ttl");
+    let (code, out, err) = tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "add-ttl", "count", "--ttl", "1h"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["entries"], f.expected.len() as u64);
+    let exported = dir.path().join("ttl.jsonl");
+    assert_eq!(tool(&config, &["export", sp.to_str().unwrap(), "--out", exported.to_str().unwrap()], &[]).0, 0);
+    let l = lines(&exported);
+    assert!(l[1..].iter().all(|e| e["ttl_expires_at_ms"].as_u64() == Some(e["ttl_last_access_ms"].as_u64().unwrap() + 3_600_000)));
+    // The count job declares no TTL: check-restore refuses, naming the state and the reason.
+    let (code, out, _) = check_restore(&config, &["--from", sp.to_str().unwrap()], &[]);
+    assert_eq!(code, EXIT_REFUSED as i32, "{out}");
+    assert!(out.contains("count") && out.contains("TTL"), "{out}");
+    // A job that declares the TTL reads every value.
+    let store = restore_savepoint(&sp, StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128));
+    let ttl = streamstate_state::TtlConfig::new(Duration::from_secs(3600));
+    let count = store.value_state(&ValueStateDescriptor::<u64>::new("count").with_ttl(ttl)).expect("count with TTL");
+    for (k, n) in &f.expected {
+        store.set_current_key(k.as_bytes()).unwrap();
+        assert_eq!(count.value().unwrap(), Some(*n));
+    }
+    // drop-state: the job's state is new (empty) again, which restores fine.
+    let sp = dir.path().join("dropped");
+    let (code, out, err) = tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "drop-state", "count"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["entries_removed"], f.expected.len() as u64);
+    let (code, out, _) = check_restore(&config, &["--from", sp.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("new") && out.contains("starts empty"), "{out}");
+}
