@@ -256,3 +256,39 @@ fn chart_ships_the_repository_dashboard_and_alerts_verbatim() {
     let repo: Value = serde_json::from_slice(&std::fs::read(root.join("dashboards/streamstate.json")).expect("dashboard")).expect("json");
     assert_eq!(shipped, repo, "the dashboard ConfigMap holds dashboards/streamstate.json");
 }
+
+#[test]
+fn check_restore_hook_is_off_by_default_and_checks_every_instance_before_an_upgrade() {
+    let hook = "ss-streamstate-check-restore";
+    assert!(!render(&[]).iter().any(|o| o["metadata"]["name"] == hook), "off by default");
+    let file = chart().join("ci/check-restore-values.yaml");
+    let objects = render(&["-f", file.to_str().expect("path")]);
+    let job = object(&objects, "Job", hook);
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-upgrade");
+    // Its own ConfigMap with the NEW config (the chart's still holds the old one pre-upgrade).
+    let config = object(&objects, "ConfigMap", hook);
+    assert_eq!(config["metadata"]["annotations"]["helm.sh/hook"], "pre-upgrade");
+    assert_eq!(config["data"]["streamstate.toml"], config_toml(&objects).as_str());
+    let pod = &job["spec"]["template"]["spec"];
+    assert!(pod["volumes"].as_array().expect("volumes").iter().any(|v| v["configMap"]["name"] == hook));
+    let containers = pod["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 2, "one check per instance");
+    for (i, c) in containers.iter().enumerate() {
+        let args: Vec<&str> = c["args"].as_array().expect("args").iter().map(|a| a.as_str().expect("arg")).collect();
+        assert!(args.contains(&"check-restore") && args.contains(&"--from=latest"), "{args:?}");
+        assert!(args.contains(&format!("--instance={i}").as_str()), "{args:?}");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    }
+    // The rendered hook config is one check-restore accepts.
+    let (ok, text) = check_config(config["data"]["streamstate.toml"].as_str().expect("toml"), &[]);
+    assert!(ok, "{text}");
+    // Refused where the hook could not read the checkpoints (per-pod ReadWriteOnce volumes).
+    let out = Command::new(helm())
+        .args(["template", "ss", "--kube-version", KUBE_VERSION])
+        .arg(chart())
+        .args(["--set", "checkRestore.enabled=true"])
+        .output()
+        .expect("run helm");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checkRestore.enabled needs checkpoint storage"));
+}

@@ -20,6 +20,8 @@
 //! - [`history`]: checkpoints and savepoints the loop took, as the admin API shows them.
 //! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
+//! - [`tools`]: offline checkpoint tools (list, inspect, verify, export/import, surgery,
+//!   check-restore) on checkpoint storage, never on a running instance.
 //! - [`service`]: one instance: admin server, job thread, signals; [`service::run`] is the
 //!   entry point for binaries with their own process function.
 //!
@@ -62,6 +64,7 @@ pub mod savepoint;
 pub mod service;
 pub mod sink;
 pub mod source;
+pub mod tools;
 
 /// What a configured failpoint does: die on the spot, like `kill -9`, leaving files and
 /// the open transaction exactly as they are.

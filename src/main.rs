@@ -1,4 +1,5 @@
-//! The `streamstate` binary: `run`, `check-config` and `demo`. Errors become one line on
+//! The `streamstate` binary: `run`, `check-config`, `demo`, `checkpoints …` and
+//! `check-restore`. Errors become one line on
 //! stderr and a non-zero exit; everything below this file returns typed errors.
 
 mod demo;
@@ -10,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use streamstate::{rescale, service};
+use streamstate::{rescale, service, tools};
 use streamstate::config::Config;
 use streamstate::job::{Control, StartOptions};
 use streamstate::metrics::Metrics;
@@ -89,6 +90,20 @@ enum Command {
         #[arg(long)]
         set: String,
     },
+    /// Offline checkpoint tools on checkpoint storage (never on a running instance's
+    /// files); see docs/checkpoint-tools.md. Exit code 3: a check failed.
+    Checkpoints {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Overrides `[job] instance` (whose checkpoints to read).
+        #[arg(long)]
+        instance: Option<u32>,
+        #[command(subcommand)]
+        command: tools::CheckpointsCommand,
+    },
+    /// Would a restore from this checkpoint or savepoint succeed with this binary and
+    /// config? Per state: keep / migrate / new / drop / fail. Exit code 3: it would fail.
+    CheckRestore(tools::check_restore::CheckRestoreArgs),
     /// Run the job on an in-process mock Kafka with generated events (no broker needed).
     Demo {
         /// Stop after this long (e.g. `60s`); default: until Ctrl-C.
@@ -136,10 +151,13 @@ fn main() -> ExitCode {
             Config::load(&config).map_err(Into::into).and_then(|c| run_service(c, options))
         }
         Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),
+        Command::Checkpoints { config, instance, command } => tools::run_checkpoints(&config, instance, command),
+        Command::CheckRestore(args) => tools::check_restore::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            let code = if e.is::<tools::Refused>() { ExitCode::from(tools::EXIT_REFUSED) } else { ExitCode::FAILURE };
             // One line, in the format the operator chose.
             let line = one_line(&e);
             if json_logs {
@@ -147,7 +165,7 @@ fn main() -> ExitCode {
             } else {
                 eprintln!("error: {line}");
             }
-            ExitCode::FAILURE
+            code
         }
     }
 }

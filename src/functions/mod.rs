@@ -7,3 +7,26 @@
 pub mod count;
 
 pub use count::Count;
+
+use streamstate_state::StateDeclaration;
+
+use crate::config::FunctionKind;
+
+/// The keyed states a built-in function registers in `open`, without running it: what
+/// `streamstate check-restore` compares a snapshot with. The rule engine registers none
+/// yet; when it does, its list goes here.
+pub fn declared_states(config: &crate::config::Config) -> Vec<StateDeclaration> {
+    match config.job.function {
+        FunctionKind::Count => Count::declared_states(),
+        FunctionKind::Rules => crate::rules::RuleEngine::declared_states(config.job.state_ttl),
+    }
+}
+
+/// Name prefixes of states a function creates on demand (so not declared one by one):
+/// a snapshot state with such a name is kept as it is.
+pub fn dynamic_state_prefixes(function: FunctionKind) -> &'static [&'static str] {
+    match function {
+        FunctionKind::Count => &[],
+        FunctionKind::Rules => &[crate::rules::DEDUP_STATE_PREFIX],
+    }
+}

@@ -76,34 +76,82 @@ pub(crate) struct States {
     dedup: HashMap<u64, MapState<String, u64>>,
 }
 
-impl States {
-    fn open(ctx: &OpenContext<'_>, state_ttl: Option<Duration>) -> Result<Self, FunctionError> {
+/// The engine's fixed keyed states. One list serves `open` and the offline
+/// `check-restore` (via [`RuleEngine::declared_states`]), so they cannot disagree.
+struct Descriptors {
+    win_acc: ValueStateDescriptor<Acc>,
+    win_distinct: MapStateDescriptor<String, bool>,
+    run_acc: ValueStateDescriptor<Acc>,
+    run_distinct: MapStateDescriptor<String, bool>,
+    sessions: ValueStateDescriptor<Sessions>,
+    history: ValueStateDescriptor<Vec<(i64, f64)>>,
+    sequence: ValueStateDescriptor<Vec<Partial>>,
+    anomaly: ValueStateDescriptor<ModelState>,
+}
+
+/// Dedup states are created per TTL on first use: `rules.dedup.<ttl>ms`.
+pub const DEDUP_STATE_PREFIX: &str = "rules.dedup.";
+
+impl Descriptors {
+    fn new(state_ttl: Option<Duration>) -> Self {
         // A state's TTL cannot be switched on or off once it holds data, so the name says
         // whether it has one: changing `state_ttl` on/off starts these states afresh.
         fn ttl_name(n: &str, ttl: Option<Duration>) -> String {
             if ttl.is_some() { format!("{n}.ttl") } else { n.to_string() }
         }
+        fn ttl_config(t: Duration) -> TtlConfig {
+            TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter()
+        }
         fn value<T: Clone>(n: &str, ttl: Option<Duration>) -> ValueStateDescriptor<T> {
             let d = ValueStateDescriptor::new(ttl_name(n, ttl));
             match ttl {
-                Some(t) => d.with_ttl(TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter()),
+                Some(t) => d.with_ttl(ttl_config(t)),
                 None => d,
             }
         }
         let mut run_distinct = MapStateDescriptor::new(ttl_name("rules.running.distinct", state_ttl));
         if let Some(t) = state_ttl {
-            run_distinct = run_distinct.with_ttl(TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter());
+            run_distinct = run_distinct.with_ttl(ttl_config(t));
         }
+        Self {
+            win_acc: ValueStateDescriptor::new("rules.window.acc"),
+            win_distinct: MapStateDescriptor::new("rules.window.distinct"),
+            run_acc: value("rules.running.acc", state_ttl),
+            run_distinct,
+            sessions: ValueStateDescriptor::new("rules.sessions"),
+            history: value("rules.compare.history", state_ttl),
+            sequence: value("rules.sequence", state_ttl),
+            anomaly: value("rules.anomaly", state_ttl),
+        }
+    }
+
+    fn declarations(&self) -> Vec<streamstate_state::StateDeclaration> {
+        vec![
+            self.win_acc.declaration(),
+            self.win_distinct.declaration(),
+            self.run_acc.declaration(),
+            self.run_distinct.declaration(),
+            self.sessions.declaration(),
+            self.history.declaration(),
+            self.sequence.declaration(),
+            self.anomaly.declaration(),
+        ]
+    }
+}
+
+impl States {
+    fn open(ctx: &OpenContext<'_>, state_ttl: Option<Duration>) -> Result<Self, FunctionError> {
+        let d = Descriptors::new(state_ttl);
         Ok(Self {
             store: ctx.store.clone(),
-            win_acc: ctx.value_state(&ValueStateDescriptor::new("rules.window.acc"))?,
-            win_distinct: ctx.map_state(&MapStateDescriptor::new("rules.window.distinct"))?,
-            run_acc: ctx.value_state(&value("rules.running.acc", state_ttl))?,
-            run_distinct: ctx.map_state(&run_distinct)?,
-            sessions: ctx.value_state(&ValueStateDescriptor::new("rules.sessions"))?,
-            history: ctx.value_state(&value("rules.compare.history", state_ttl))?,
-            sequence: ctx.value_state(&value("rules.sequence", state_ttl))?,
-            anomaly: ctx.value_state(&value("rules.anomaly", state_ttl))?,
+            win_acc: ctx.value_state(&d.win_acc)?,
+            win_distinct: ctx.map_state(&d.win_distinct)?,
+            run_acc: ctx.value_state(&d.run_acc)?,
+            run_distinct: ctx.map_state(&d.run_distinct)?,
+            sessions: ctx.value_state(&d.sessions)?,
+            history: ctx.value_state(&d.history)?,
+            sequence: ctx.value_state(&d.sequence)?,
+            anomaly: ctx.value_state(&d.anomaly)?,
             dedup: HashMap::new(),
         })
     }
@@ -115,7 +163,7 @@ impl States {
             return Ok(m.clone());
         }
         let ttl = TtlConfig::new(Duration::from_millis(ttl_ms)).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter();
-        let m = self.store.map_state(&MapStateDescriptor::new(format!("rules.dedup.{ttl_ms}ms")).with_ttl(ttl))?;
+        let m = self.store.map_state(&MapStateDescriptor::new(format!("{DEDUP_STATE_PREFIX}{ttl_ms}ms")).with_ttl(ttl))?;
         self.dedup.insert(ttl_ms, m.clone());
         Ok(m)
     }
@@ -157,6 +205,14 @@ pub struct RuleEngine {
     /// Rules in force, by id (iteration order = output order, deterministic).
     rules: BTreeMap<String, Arc<Rule>>,
     states: Option<States>,
+}
+
+impl RuleEngine {
+    /// The fixed keyed states `open` registers with this `[job] state_ttl` (dedup states,
+    /// one per TTL, are named [`DEDUP_STATE_PREFIX`]`<ttl>ms` and created on demand).
+    pub fn declared_states(state_ttl: Option<Duration>) -> Vec<streamstate_state::StateDeclaration> {
+        Descriptors::new(state_ttl).declarations()
+    }
 }
 
 /// The runtime's broadcast state of accepted rules (see `control.rs`).

@@ -20,22 +20,22 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {
 
 impl StateStore {
     pub fn value_state<T: StateValue + Clone>(&self, d: &ValueStateDescriptor<T>) -> Result<ValueState<T>> {
-        let meta = self.register(&d.name, StateKind::Value, d.ttl.clone())?;
+        let meta = self.register(&d.name, StateKind::Value, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
         self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
         Ok(ValueState { store: self.clone(), meta, default: d.default.clone() })
     }
     pub fn list_state<T: StateValue>(&self, d: &ListStateDescriptor<T>) -> Result<ListState<T>> {
-        let meta = self.register(&d.name, StateKind::List, d.ttl.clone())?;
+        let meta = self.register(&d.name, StateKind::List, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
         self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
         Ok(ListState { store: self.clone(), meta, _t: PhantomData })
     }
     pub fn map_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> Result<MapState<K, V>> {
-        let meta = self.register(&d.name, StateKind::Map, d.ttl.clone())?;
+        let meta = self.register(&d.name, StateKind::Map, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
         self.register_codec(&d.name, JsonCodec { value: decode_json::<V>, map_key: Some(decode_json::<K>) });
         Ok(MapState { store: self.clone(), meta, _t: PhantomData })
     }
     pub fn reducing_state<T: StateValue>(&self, d: &ReducingStateDescriptor<T>) -> Result<ReducingState<T>> {
-        let meta = self.register(&d.name, StateKind::Reducing, d.ttl.clone())?;
+        let meta = self.register(&d.name, StateKind::Reducing, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
         self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
         Ok(ReducingState { store: self.clone(), meta, reduce: d.reduce.clone() })
     }
@@ -44,7 +44,7 @@ impl StateStore {
         F: AggregateFunction,
         F::Acc: StateValue,
     {
-        let meta = self.register(&d.name, StateKind::Aggregating, d.ttl.clone())?;
+        let meta = self.register(&d.name, StateKind::Aggregating, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
         self.register_codec(&d.name, JsonCodec { value: decode_json::<F::Acc>, map_key: None });
         Ok(AggregatingState { store: self.clone(), meta, function: d.function.clone() })
     }

@@ -76,6 +76,8 @@ pub(crate) struct KeyParts<'a> {
     pub ts: Option<u64>,
     pub key: &'a [u8],
     pub ns: &'a [u8],
+    /// What follows the namespace: the map user key, empty otherwise.
+    pub rest: &'a [u8],
 }
 
 pub(crate) fn decode_key(buf: &[u8]) -> Result<KeyParts<'_>> {
@@ -99,7 +101,8 @@ pub(crate) fn decode_key(buf: &[u8]) -> Result<KeyParts<'_>> {
     let (nlen, n) = get_varint(buf.get(pos..).ok_or_else(bad)?).ok_or_else(bad)?;
     pos += n;
     let ns = buf.get(pos..pos + nlen as usize).ok_or_else(bad)?;
-    Ok(KeyParts { kg, state, ts, key, ns })
+    let rest = &buf[pos + nlen as usize..];
+    Ok(KeyParts { kg, state, ts, key, ns, rest })
 }
 
 /// First key strictly after every key that starts with `prefix`.

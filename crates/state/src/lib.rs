@@ -17,6 +17,8 @@
 //! | [`checkpointed`] | `CheckpointedFunction` hooks |
 //! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
+//! | [`schema`] | value schema fingerprints/versions per state, migrations |
+//! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
 //! | [`layout`] | the byte layout every backend and the savepoint format share |
 //! | [`clock`] | injectable processing time |
 //! | [`error`] | [`StateError`] |
@@ -85,7 +87,9 @@ pub mod inspect;
 pub mod keyed;
 pub mod keygroup;
 pub mod layout;
+pub mod offline;
 pub mod operator;
+pub mod schema;
 pub mod snapshot;
 pub mod store;
 pub mod timers;
@@ -101,6 +105,7 @@ pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue
 pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use snapshot::{KeyedFormat, SnapshotFile, SnapshotResult};
-pub use store::{StateStore, StoreConfig};
+pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
+pub use store::{StateMeta, StateStore, StoreConfig};
 pub use timers::{TimeDomain, Timer};
 pub use ttl::{CleanupStrategies, StateVisibility, TtlConfig, UpdateType};

@@ -83,26 +83,29 @@ impl SnapshotResult {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct HexList {
-    mode: Redistribution,
-    entries: Vec<String>,
+/// Operator list state in `state-meta.json` (entries hex-encoded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HexList {
+    pub mode: Redistribution,
+    pub entries: Vec<String>,
 }
 
+/// `state-meta.json`: what a snapshot holds besides keyed state (public for
+/// the offline tools, see [`crate::offline`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct MetaFile {
-    format: String,
-    version: u32,
-    checkpoint_id: u64,
-    backend: BackendKind,
-    keyed_format: KeyedFormat,
-    max_parallelism: u32,
-    key_group_range: KeyGroupRange,
-    instance_index: u32,
-    instance_count: u32,
-    states: Vec<StateMeta>,
-    operator_lists: BTreeMap<String, HexList>,
-    broadcast: BTreeMap<String, Vec<(String, String)>>,
+pub struct MetaFile {
+    pub format: String,
+    pub version: u32,
+    pub checkpoint_id: u64,
+    pub backend: BackendKind,
+    pub keyed_format: KeyedFormat,
+    pub max_parallelism: u32,
+    pub key_group_range: KeyGroupRange,
+    pub instance_index: u32,
+    pub instance_count: u32,
+    pub states: Vec<StateMeta>,
+    pub operator_lists: BTreeMap<String, HexList>,
+    pub broadcast: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// Hashes what it writes, so a snapshot file is read once, not twice.
@@ -286,7 +289,7 @@ impl Inner {
     }
 }
 
-fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
+pub(crate) fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
     let path = dir.join(&f.path);
     if !path.is_file() {
         return Err(StateError::Corrupt { path, reason: "file is missing".into() });
@@ -301,7 +304,7 @@ fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
     Ok(())
 }
 
-fn read_meta(dir: &Path) -> Result<MetaFile> {
+pub(crate) fn read_meta(dir: &Path) -> Result<MetaFile> {
     let path = dir.join(META_FILE);
     let file = File::open(&path).at(&path)?;
     let meta: MetaFile = serde_json::from_reader(BufReader::new(file)).map_err(|e| StateError::Corrupt { path: path.clone(), reason: e.to_string() })?;
@@ -312,7 +315,7 @@ fn read_meta(dir: &Path) -> Result<MetaFile> {
 }
 
 /// Reads a canonical keyed file, calling `f` for every record.
-fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> Result<()> {
+pub(crate) fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> Result<()> {
     let corrupt = |reason: &str| StateError::Corrupt { path: path.to_path_buf(), reason: reason.into() };
     let mut data = Vec::new();
     File::open(path).at(path)?.read_to_end(&mut data).at(path)?;
@@ -464,14 +467,21 @@ impl StateStore {
         for (dir, _, meta, _) in &metas {
             let mut remap = HashMap::new();
             for s in &meta.states {
-                let id = match states.get(&s.name) {
+                let id = match states.get(&s.name).cloned() {
                     Some(live) if live.kind != s.kind => {
                         return Err(StateError::KindMismatch { name: s.name.clone(), existing: live.kind.to_string(), requested: format!("{} (in {})", s.kind, dir.display()) });
                     }
                     Some(live) if live.ttl.is_some() != s.ttl.is_some() => {
                         return Err(StateError::Incompatible(format!("state '{}': TTL on/off differs from {}", s.name, dir.display())));
                     }
-                    Some(live) => live.id,
+                    Some(live) => {
+                        // The stored bytes are the snapshot's: carry its schema, so the
+                        // next registration migrates (or refuses) them.
+                        if live.schema != s.schema {
+                            states.insert(s.name.clone(), Arc::new(StateMeta { schema: s.schema.clone(), ..(*live).clone() }));
+                        }
+                        live.id
+                    }
                     None => {
                         if next_id >= FIRST_RESERVED_ID {
                             return Err(StateError::Invalid("too many states".into()));

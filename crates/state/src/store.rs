@@ -21,6 +21,7 @@ use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::{KeyGroupRange, MAX_MAX_PARALLELISM, key_group_for};
 use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::OperatorStates;
+use crate::schema::{MigrateFn, SchemaChange, SchemaMeta};
 use crate::timers::TimerIndex;
 use crate::ttl::{StateVisibility, TS_LEN, TtlConfig, UpdateType, read_ts};
 
@@ -65,11 +66,15 @@ impl StoreConfig {
 /// A registered state: its name is its identity, its id a 2-byte storage
 /// prefix local to this store (restore remaps ids by name).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct StateMeta {
+pub struct StateMeta {
     pub id: u16,
     pub name: String,
     pub kind: StateKind,
     pub ttl: Option<TtlConfig>,
+    /// The value schema that wrote the stored bytes; `None` in snapshots
+    /// written before schemas were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaMeta>,
 }
 
 pub(crate) struct Inner {
@@ -289,8 +294,8 @@ impl StateStore {
         self.lock().ttl_expired
     }
 
-    pub(crate) fn register(&self, name: &str, kind: StateKind, ttl: Option<TtlConfig>) -> Result<Arc<StateMeta>> {
-        self.lock().register(name, kind, ttl)
+    pub(crate) fn register(&self, name: &str, kind: StateKind, ttl: Option<TtlConfig>, schema: (SchemaMeta, &crate::schema::Schema)) -> Result<Arc<StateMeta>> {
+        self.lock().register(name, kind, ttl, schema)
     }
 }
 
@@ -300,30 +305,66 @@ impl Inner {
         self.clock.now_ms()
     }
 
-    pub fn register(&mut self, name: &str, kind: StateKind, ttl: Option<TtlConfig>) -> Result<Arc<StateMeta>> {
-        if let Some(existing) = self.states.get(name) {
+    pub fn register(&mut self, name: &str, kind: StateKind, ttl: Option<TtlConfig>, schema: (SchemaMeta, &crate::schema::Schema)) -> Result<Arc<StateMeta>> {
+        let (schema_meta, spec) = schema;
+        if let Some(existing) = self.states.get(name).cloned() {
             if existing.kind != kind {
                 return Err(StateError::KindMismatch { name: name.into(), existing: existing.kind.to_string(), requested: kind.to_string() });
-            }
-            if existing.ttl == ttl {
-                return Ok(existing.clone());
             }
             // Stored values carry a timestamp prefix only when TTL is on, so
             // switching TTL on or off would misread every stored value.
             if existing.ttl.is_some() != ttl.is_some() {
                 return Err(StateError::Incompatible(format!("state '{name}': TTL cannot be turned on or off for existing state")));
             }
-            let meta = Arc::new(StateMeta { id: existing.id, name: name.into(), kind, ttl });
+            let migrates_from: Vec<u32> = spec.migrations.keys().copied().collect();
+            match crate::schema::compare(existing.schema.as_ref(), &schema_meta, &migrates_from) {
+                SchemaChange::Keep => {}
+                SchemaChange::Migrate { from, .. } => {
+                    let f = spec.migrations[&from].clone();
+                    self.migrate_values(&existing, &f)?;
+                }
+                SchemaChange::Incompatible(reason) => return Err(StateError::Incompatible(format!("state '{name}': {reason}"))),
+            }
+            if existing.ttl == ttl && existing.schema.as_ref() == Some(&schema_meta) {
+                return Ok(existing);
+            }
+            let meta = Arc::new(StateMeta { id: existing.id, name: name.into(), kind, ttl, schema: Some(schema_meta) });
             self.install(meta.clone());
             return Ok(meta);
         }
         if self.next_id >= FIRST_RESERVED_ID {
             return Err(StateError::Invalid("too many states".into()));
         }
-        let meta = Arc::new(StateMeta { id: self.next_id, name: name.into(), kind, ttl });
+        let meta = Arc::new(StateMeta { id: self.next_id, name: name.into(), kind, ttl, schema: Some(schema_meta) });
         self.next_id += 1;
         self.install(meta.clone());
         Ok(meta)
+    }
+
+    /// Rewrites every stored value of `meta`'s state with `f` (a schema
+    /// migration), keeping TTL timestamps and list framing.
+    fn migrate_values(&mut self, meta: &StateMeta, f: &MigrateFn) -> Result<()> {
+        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
+        let mut found: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let id = meta.id.to_be_bytes();
+        self.backend.scan(&start, &end, &mut |k, v| {
+            if k[2..4] == id {
+                found.push((k.to_vec(), v.to_vec()));
+            }
+            true
+        })?;
+        let has_ttl = meta.ttl.is_some();
+        let mut out = Vec::with_capacity(found.len());
+        for (k, v) in found {
+            let parts = crate::offline::split_value(meta.kind, has_ttl, &v)?;
+            let mut migrated = Vec::with_capacity(parts.len());
+            for (ts, payload) in parts {
+                let nv = f(payload).map_err(|message| StateError::Serde { state: meta.name.clone(), message: format!("migration: {message}") })?;
+                migrated.push((ts, nv));
+            }
+            out.push((k, crate::offline::join_value(meta.kind, &migrated)));
+        }
+        self.backend.put_many(&out)
     }
 
     pub fn install(&mut self, meta: Arc<StateMeta>) {
