@@ -84,8 +84,15 @@ pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]
             Some(ids) => savepoint::parse_savepoint_id(&ids[i as usize])
                 .ok_or_else(|| incomplete(format!("{:?} is not a savepoint id (sp-<n>-<run>)", ids[i as usize])))?,
             None => {
-                let newest = storage.list()?.into_iter().filter(|c| c.completed).map(|c| c.checkpoint).max_by_key(|c| c.id);
-                newest.ok_or_else(|| incomplete(format!("instance {i} has no completed savepoint")))?
+                // Newest by time: ids restart when an instance's checkpoint history does.
+                let mut newest: Option<(u64, crate::checkpoint::CheckpointRef)> = None;
+                for c in storage.list()?.into_iter().filter(|c| c.completed) {
+                    let at = storage.read_manifest(&c.checkpoint)?.created_at_ms;
+                    if newest.as_ref().is_none_or(|(t, _)| at > *t) {
+                        newest = Some((at, c.checkpoint));
+                    }
+                }
+                newest.map(|(_, c)| c).ok_or_else(|| incomplete(format!("instance {i} has no completed savepoint")))?
             }
         };
         let manifest = storage.read_manifest(&chosen)?;
