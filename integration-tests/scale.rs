@@ -43,13 +43,22 @@ fn wait_ready(job: &Job, instances: &mut [Instance]) {
     let _ = job;
 }
 
-/// `POST /stop {"savepoint": true}` on every instance, each exits 0.
-fn stop_with_savepoints(instances: Vec<Instance>) {
+/// `POST /stop {"savepoint": true}` on every instance, each exits 0. With `hold` (what a
+/// StatefulSet needs, or it restarts the pod into processing) each stays up, live and not
+/// ready, until SIGTERM.
+fn stop_with_savepoints(instances: Vec<Instance>, hold: bool) {
+    let body = if hold { &br#"{"savepoint":true,"hold":true}"#[..] } else { &br#"{"savepoint":true}"#[..] };
     for mut inst in instances {
-        let answer = http_with("POST", inst.admin, "/stop", &[("Content-Type", "application/json")], br#"{"savepoint":true}"#)
-            .expect("POST /stop");
+        let answer = http_with("POST", inst.admin, "/stop", &[("Content-Type", "application/json")], body).expect("POST /stop");
         assert_eq!(answer.status, 200, "stop with savepoint: {} {}", answer.status, answer.body);
-        assert_eq!(inst.service.wait_exit(Duration::from_secs(90)).code(), Some(0), "{}", inst.service.log());
+        if hold {
+            inst.service.assert_running();
+            assert_eq!(http("GET", inst.admin, "/readyz").expect("readyz").0, 503, "a held instance is not ready");
+            assert_eq!(http("GET", inst.admin, "/livez").expect("livez").0, 200, "a held instance is alive");
+            assert_eq!(inst.service.terminate(Duration::from_secs(30)).code(), Some(0), "{}", inst.service.log());
+        } else {
+            assert_eq!(inst.service.wait_exit(Duration::from_secs(90)).code(), Some(0), "{}", inst.service.log());
+        }
     }
 }
 
@@ -92,7 +101,7 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
     for (generation, (from, to)) in [(1, 3), (3, 2), (2, 1)].into_iter().enumerate() {
         let generation = generation as u32 + 1;
         let before = job.committed();
-        stop_with_savepoints(std::mem::take(&mut running));
+        stop_with_savepoints(std::mem::take(&mut running), generation == 1);
         let set = format!("gen-{generation}");
         make_set(&job, &set, from);
         let (ok, plan) = cli(&job, &["rescale-plan", "--set", &set]);
@@ -156,7 +165,7 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
     let mut first = vec![spawn_instance(&job, 0, 1, 0, &[])];
     wait_ready(&job, &mut first);
     wait_until("input committed", Duration::from_secs(90), || job.committed() >= 2_000);
-    stop_with_savepoints(first);
+    stop_with_savepoints(first, false);
     let outputs = end_offsets_total(&job.output, job.partitions);
 
     // A set needs every part: only instance 0 of "2" has a savepoint.

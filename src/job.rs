@@ -79,6 +79,12 @@ pub enum JobError {
 #[derive(Default)]
 pub struct Control {
     pub shutdown: AtomicBool,
+    /// `POST /stop` with `"hold": true`: after the final checkpoint the process stays up
+    /// (live, not ready) until SIGTERM, so a supervisor does not restart it into
+    /// processing before a rescale.
+    pub hold_after_stop: AtomicBool,
+    /// SIGTERM or SIGINT arrived.
+    pub signalled: AtomicBool,
     pub checkpoint_requested: AtomicBool,
     pub ready: AtomicBool,
     pub alive: AtomicBool,

@@ -65,6 +65,10 @@ pub fn serve(
             None => Job::start(config, metrics, job_control, options)?.run(),
         })
         .await;
+        if matches!(job, Ok(Ok(()))) && control.hold_after_stop.load(Ordering::SeqCst) {
+            info!("stopped with hold: idle and not ready until SIGTERM");
+            hold_until_signal(&control).await;
+        }
         control.shutdown.store(true, Ordering::SeqCst);
         signals.abort();
         let _ = stop_admin.send(());
@@ -82,5 +86,17 @@ async fn shutdown_on_signal(control: Arc<Control>) {
         _ = term.recv() => info!("SIGTERM: draining and taking a final checkpoint"),
         _ = int.recv() => info!("SIGINT: draining and taking a final checkpoint"),
     }
+    control.signalled.store(true, Ordering::SeqCst);
     control.shutdown.store(true, Ordering::SeqCst);
+}
+
+/// Keeps `/livez` answering (the loop's heartbeat, beaten here) until SIGTERM or SIGINT
+/// (which the signal task records, also if it came before the hold began).
+async fn hold_until_signal(control: &Control) {
+    while !control.signalled.load(Ordering::SeqCst) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        control.heartbeat_ms.store(now, Ordering::Relaxed);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    info!("signal received while holding: exiting");
 }

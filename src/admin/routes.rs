@@ -165,6 +165,10 @@ pub(super) async fn list_savepoints(State(s): State<AppState>) -> ApiResult {
 struct StopRequest {
     #[serde(default)]
     savepoint: bool,
+    /// Stay up, idle and not ready, until SIGTERM (Kubernetes would restart an exited
+    /// pod straight into processing; a rescale needs it to stay stopped).
+    #[serde(default)]
+    hold: bool,
 }
 
 /// Drains, commits the final checkpoint (after a savepoint when asked) and exits 0;
@@ -172,6 +176,7 @@ struct StopRequest {
 pub(super) async fn stop(State(s): State<AppState>, body: Bytes) -> ApiResult {
     let request: StopRequest = parse_body(&body)?;
     let _busy = Busy::take(&s)?;
+    s.control.hold_after_stop.store(request.hold, Ordering::SeqCst);
     let savepoint = ask(&s, |reply| Request::Stop { savepoint: request.savepoint, reply }).await?;
     Ok(Json(json!({ "stopped": true, "savepoint": savepoint })).into_response())
 }
