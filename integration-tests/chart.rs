@@ -80,7 +80,8 @@ fn check_config(toml: &str, env: &[(&str, &str)]) -> (bool, String) {
     let path = dir.path().join("streamstate.toml");
     std::fs::write(&path, toml).expect("write config");
     let mut cmd = Command::new(BIN);
-    cmd.args(["check-config", "--config"]).arg(&path).env("RUST_LOG", "off").env("STREAMSTATE__JOB__INSTANCE", "2");
+    cmd.args(["check-config", "--config"]).arg(&path).env("RUST_LOG", "off");
+    cmd.env("STREAMSTATE__JOB__INSTANCE", "2").env("STREAMSTATE__JOB__INSTANCES", "3");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -291,4 +292,21 @@ fn check_restore_hook_is_off_by_default_and_checks_every_instance_before_an_upgr
         .expect("run helm");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkRestore.enabled needs checkpoint storage"));
+}
+
+#[test]
+fn replica_count_is_the_instance_count_and_a_rescale_starts_from_the_set() {
+    let file = chart().join("ci/s3-three-replicas-values.yaml");
+    let objects = render(&["-f", file.to_str().expect("path"), "--api-versions", "monitoring.coreos.com/v1"]);
+    let sts = statefulset(&objects);
+    assert_eq!(sts["spec"]["replicas"], 3);
+    let container = &sts["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().expect("env");
+    let instances = env.iter().find(|e| e["name"] == "STREAMSTATE__JOB__INSTANCES").expect("STREAMSTATE__JOB__INSTANCES");
+    assert_eq!(instances["value"], "3");
+    let args: Vec<&str> = container["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    assert!(args.contains(&"--from-savepoint-set=scale-to-3"), "{args:?}");
+    // The rendered config with the pod's environment is one every instance accepts.
+    let (ok, text) = check_config(&config_toml(&objects), &[("STREAMSTATE__JOB__INSTANCES", "3")]);
+    assert!(ok, "{text}");
 }

@@ -113,7 +113,7 @@ refuse "an unknown start_offsets" "/config/kafka/start_offsets" --set config.kaf
 refuse "a chart-owned config key (state.dir)" "additional properties 'dir'" --set config.state.dir=/data
 refuse "an unsupported checkpoint storage" "/config/checkpoint/storage" --set config.checkpoint.storage=ftp://x/y
 refuse "a number as a librdkafka property" "/config/kafka/properties/linger.ms" --set 'config.kafka.properties.linger\.ms=5'
-refuse "several instances before partition ownership exists" "allowMultipleInstances" --set replicaCount=3
+refuse "a rescale from a set without shared checkpoint storage" "rescale.fromSavepointSet needs checkpoint storage every pod can read" --set replicaCount=3 --set rescale.fromSavepointSet=gen-1
 refuse "a grace period shorter than interval + timeout + margin" "terminationGracePeriodSeconds 10 is below" --set terminationGracePeriodSeconds=10
 refuse "file:// checkpoints without their volume" "persistence.checkpoints.enabled is false" --set persistence.checkpoints.enabled=false
 
