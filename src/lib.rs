@@ -19,6 +19,8 @@
 //! - [`requests`]: the bounded channel from the admin server to the job loop.
 //! - [`history`]: checkpoints and savepoints the loop took, as the admin API shows them.
 //! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
+//! - [`cluster`] and [`rescale`]: which partitions and key groups instance `i` of `N` owns;
+//!   savepoint sets and the restore of a new range from them (N → M).
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
 //! - [`tools`]: offline checkpoint tools (list, inspect, verify, export/import, surgery,
 //!   check-restore) on checkpoint storage, never on a running instance.
