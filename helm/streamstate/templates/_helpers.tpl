@@ -154,6 +154,15 @@ connect_timeout = {{ include "streamstate.tomlString" $k.connect_timeout }}
 key = {{ include "streamstate.tomlString" $j.key }}
 max_record_bytes = {{ int64 $j.max_record_bytes }}
 max_key_bytes = {{ int64 $j.max_key_bytes }}
+function = {{ include "streamstate.tomlString" ($j.function | default "rules") }}
+{{- if $j.timestamp }}
+timestamp = {{ include "streamstate.tomlString" $j.timestamp }}
+{{- end }}
+{{- range $key := list "max_out_of_orderness" "idle_timeout" "state_ttl" "max_event_time_skew" }}
+{{- with (index $j $key) }}
+{{ $key }} = {{ include "streamstate.tomlString" . }}
+{{- end }}
+{{- end }}
 
 [state]
 backend = {{ include "streamstate.tomlString" $s.backend }}
