@@ -22,7 +22,7 @@ pub enum ClusterError {
     TooManyInstances { instances: u32, max_parallelism: u32 },
     #[error(
         "with job.instances > 1, every input topic needs state.max_parallelism ({max_parallelism}) partitions so that \
-         key group = partition; topic `{topic}` has {partitions}. Give every input topic that many partitions"
+         key group = partition; topic `{topic}` has {partitions}. Repartition the input (job.repartition) or match the counts"
     )]
     PartitionsMismatch { topic: String, partitions: u32, max_parallelism: u32 },
 }

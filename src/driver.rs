@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use streamstate_state::{OperatorListState, SnapshotResult, StateError, StateStore, TimeDomain};
+use streamstate_state::{OperatorListState, SnapshotResult, StateStore, TimeDomain};
 
 use crate::function::{
     BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext, Output, OutputRecord,
@@ -156,21 +156,20 @@ impl Driver {
             }
             _ => self.store.now_ms(),
         };
-        match self.store.set_current_key(key.as_bytes()) {
-            Ok(_) => {}
+        let key_group = streamstate_state::key_group_for(key.as_bytes(), self.store.max_parallelism());
+        if !self.store.key_group_range().contains(key_group) {
             // Only with several instances: the producer did not partition by this key.
-            Err(StateError::KeyNotOwned { key_group, range, .. }) => {
-                self.out.reject(
-                    KEY_NOT_OWNED,
-                    format!(
-                        "key group {key_group} of this key belongs to another instance (this one owns {range}); \
-                         partition the input by the state key"
-                    ),
-                );
-                return Ok(self.out.take());
-            }
-            Err(e) => return Err(e.into()),
+            self.out.reject(
+                KEY_NOT_OWNED,
+                format!(
+                    "key group {key_group} of this key belongs to another instance (this one owns {}); \
+                     partition the input by the state key, or use job.repartition",
+                    self.store.key_group_range()
+                ),
+            );
+            return Ok(self.out.take());
         }
+        self.store.set_current_key(key.as_bytes())?;
         self.store.set_current_namespace(&[]);
         let event = Event { key, value, timestamp_ms, source };
         let result = self.function.process_element(&event, &KeyedContext::new(&self.store, timestamp_ms, watermark), &mut self.out);
@@ -326,18 +325,6 @@ mod tests {
         // Timers at 110 and 114 (key a) are due at watermark 145; 160 (a) and 210 (b) are not.
         let values: Vec<Value> = fired.iter().map(|r| serde_json::from_slice(&r.value).expect("json")).collect();
         assert_eq!(values, vec![json!({"key": "a", "sum": 5, "at": 110}), json!({"key": "a", "sum": 5, "at": 114})]);
-    }
-
-    #[test]
-    fn a_key_another_instance_owns_is_rejected_not_an_error() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = StateStore::open(StoreConfig::new(BackendKind::Hashmap, dir.path(), 4).for_instance(0, 2)).expect("store");
-        let time = EventTime { enabled: false, ..EventTime::default() };
-        let mut d = Driver::new(store, Box::new(DelayedSum::default()), time).expect("driver");
-        let foreign = (0..100).map(|i| format!("k{i}")).find(|k| streamstate_state::key_group_for(k.as_bytes(), 4) >= 2).expect("a key");
-        let (records, rejection) = d.element(&foreign, &json!({"n": 1}), None, &src(0, 0)).expect("element");
-        assert!(records.is_empty());
-        assert_eq!(rejection.map(|r| r.reason), Some(KEY_NOT_OWNED));
     }
 
     #[test]

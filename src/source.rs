@@ -89,8 +89,12 @@ impl Source {
     /// The group's committed offsets of `parts`, whatever checkpoint their metadata names
     /// (after a rescale, several old instances' checkpoints).
     pub fn committed_offsets(&self, parts: &[Partition]) -> Result<Offsets, SourceError> {
-        Ok(self
-            .fetch_committed(parts)?
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            tpl.add_partition(t, *p);
+        }
+        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
+        Ok(got
             .elements()
             .iter()
             .filter_map(|e| match e.offset() {
@@ -102,7 +106,11 @@ impl Source {
 
     /// Reads the group's committed offsets; `None` when this app never committed.
     pub fn committed(&self, parts: &[Partition]) -> Result<Option<Committed>, SourceError> {
-        let got = self.fetch_committed(parts)?;
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            tpl.add_partition(t, *p);
+        }
+        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
         let mut ids = Vec::new();
         let mut offsets = Offsets::new();
         for e in got.elements() {
@@ -121,14 +129,6 @@ impl Source {
                 ids: ids.iter().map(ToString::to_string).collect(),
             }),
         }
-    }
-
-    fn fetch_committed(&self, parts: &[Partition]) -> Result<TopicPartitionList, SourceError> {
-        let mut tpl = TopicPartitionList::new();
-        for (t, p) in parts {
-            tpl.add_partition(t, *p);
-        }
-        Ok(self.consumer.committed_offsets(tpl, self.timeout)?)
     }
 
     /// Concrete start offsets for a first start, so every checkpoint names an offset for

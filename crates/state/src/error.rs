@@ -32,8 +32,6 @@ pub enum StateError {
     NoCurrentKey,
     #[error("invalid argument: {0}")]
     Invalid(String),
-    #[error("key {key_hex} is in key group {key_group}, outside this instance's range {range}")]
-    KeyNotOwned { key_hex: String, key_group: u32, range: crate::keygroup::KeyGroupRange },
 }
 
 pub type Result<T, E = StateError> = std::result::Result<T, E>;

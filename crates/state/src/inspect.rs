@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 
 use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
+use crate::keygroup::key_group_for;
 use crate::keyed::StateValue;
 use crate::layout;
 use crate::store::StateStore;
@@ -70,7 +71,14 @@ impl StateStore {
     /// `null` for states without TTL.
     pub fn key_state_json(&self, key: &[u8]) -> Result<Option<Value>> {
         let mut g = self.lock();
-        let kg = g.owned_key_group(key)?;
+        let kg = key_group_for(key, g.config.max_parallelism);
+        if !g.config.key_group_range.contains(kg) {
+            return Err(StateError::Invalid(format!(
+                "key {} is in key group {kg}, outside this instance's range {}",
+                hex::encode(key),
+                g.config.key_group_range
+            )));
+        }
         let now = g.now();
         let mut metas: Vec<_> = g.by_id.values().cloned().collect();
         metas.sort_by(|a, b| a.name.cmp(&b.name));

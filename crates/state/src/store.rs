@@ -230,7 +230,14 @@ impl StateStore {
     /// key belongs to a key group this instance does not own.
     pub fn set_current_key(&self, key: &[u8]) -> Result<u32> {
         let mut g = self.lock();
-        let kg = g.owned_key_group(key)?;
+        let kg = key_group_for(key, g.config.max_parallelism);
+        if !g.config.key_group_range.contains(kg) {
+            return Err(StateError::Invalid(format!(
+                "key {} is in key group {kg}, outside this instance's range {}",
+                hex::encode(key),
+                g.config.key_group_range
+            )));
+        }
         g.key.clear();
         g.key.extend_from_slice(key);
         g.kg = kg;
@@ -293,19 +300,6 @@ impl StateStore {
 }
 
 impl Inner {
-    /// The key group of `key`, if this store owns it.
-    pub(crate) fn owned_key_group(&self, key: &[u8]) -> Result<u32> {
-        let kg = key_group_for(key, self.config.max_parallelism);
-        if !self.config.key_group_range.contains(kg) {
-            return Err(StateError::KeyNotOwned {
-                key_hex: hex::encode(key),
-                key_group: kg,
-                range: self.config.key_group_range,
-            });
-        }
-        Ok(kg)
-    }
-
     #[inline]
     pub fn now(&self) -> u64 {
         self.clock.now_ms()
