@@ -18,7 +18,11 @@ use streamstate_state::OperatorListState;
 
 /// Events per output record; `BUFFERING_SINK_BATCH` overrides it.
 fn batch_size() -> usize {
-    std::env::var("BUFFERING_SINK_BATCH").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(10)
+    std::env::var("BUFFERING_SINK_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(10)
 }
 
 struct BufferingSink {
@@ -37,13 +41,21 @@ impl ProcessFunction for BufferingSink {
             for element in state.get()? {
                 self.buffer.push(serde_json::from_str(&element)?);
             }
-            tracing::info!(restored = self.buffer.len(), "buffer restored from operator state");
+            tracing::info!(
+                restored = self.buffer.len(),
+                "buffer restored from operator state"
+            );
         }
         self.checkpointed = Some(state);
         Ok(())
     }
 
-    fn process_element(&mut self, event: &Event<'_>, _: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+    fn process_element(
+        &mut self,
+        event: &Event<'_>,
+        _: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
         self.buffer.push(event.value.clone());
         if self.buffer.len() >= self.threshold {
             let batch = std::mem::take(&mut self.buffer);
@@ -68,10 +80,16 @@ fn main() {
         eprintln!("usage: buffering_sink <config.toml>");
         std::process::exit(2);
     };
-    let sink = BufferingSink { threshold: batch_size(), buffer: Vec::new(), checkpointed: None };
+    let sink = BufferingSink {
+        threshold: batch_size(),
+        buffer: Vec::new(),
+        checkpointed: None,
+    };
     let result = Config::load(path.as_ref())
         .map_err(|e| e.to_string())
-        .and_then(|config| streamstate::service::run(config, Box::new(sink)).map_err(|e| e.to_string()));
+        .and_then(|config| {
+            streamstate::service::run(config, Box::new(sink)).map_err(|e| e.to_string())
+        });
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -34,12 +34,21 @@ struct PatternDetector {
 
 impl ProcessFunction for PatternDetector {
     fn open(&mut self, ctx: &OpenContext<'_>) -> Result<(), FunctionError> {
-        self.previous_action = Some(ctx.value_state(&ValueStateDescriptor::new("previous-action"))?);
+        self.previous_action =
+            Some(ctx.value_state(&ValueStateDescriptor::new("previous-action"))?);
         Ok(())
     }
 
-    fn process_element(&mut self, event: &Event<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
-        let previous = self.previous_action.as_ref().ok_or(FunctionError::NotOpen)?;
+    fn process_element(
+        &mut self,
+        event: &Event<'_>,
+        ctx: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
+        let previous = self
+            .previous_action
+            .as_ref()
+            .ok_or(FunctionError::NotOpen)?;
         let Some(action) = event.value.get("action").and_then(|a| a.as_str()) else {
             out.reject("no_action", "event has no string field `action`");
             return Ok(());
@@ -72,10 +81,17 @@ impl ProcessFunction for PatternDetector {
         let first = body.get("first").and_then(|v| v.as_str());
         let second = body.get("second").and_then(|v| v.as_str());
         match (first, second) {
-            (Some(first), Some(second)) => {
-                state.put(&update.id.to_string(), &Pattern { first: first.into(), second: second.into() })?
-            }
-            _ => out.reject("pattern_invalid", "a pattern needs string fields `first` and `second`"),
+            (Some(first), Some(second)) => state.put(
+                &update.id.to_string(),
+                &Pattern {
+                    first: first.into(),
+                    second: second.into(),
+                },
+            )?,
+            _ => out.reject(
+                "pattern_invalid",
+                "a pattern needs string fields `first` and `second`",
+            ),
         }
         Ok(())
     }
@@ -92,7 +108,10 @@ fn main() {
     };
     let result = Config::load(path.as_ref())
         .map_err(|e| e.to_string())
-        .and_then(|config| streamstate::service::run(config, Box::new(PatternDetector::default())).map_err(|e| e.to_string()));
+        .and_then(|config| {
+            streamstate::service::run(config, Box::new(PatternDetector::default()))
+                .map_err(|e| e.to_string())
+        });
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);

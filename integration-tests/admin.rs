@@ -21,8 +21,13 @@ fn bearer() -> (&'static str, String) {
 
 fn call(admin: SocketAddr, method: &str, path: &str, token: bool, body: &[u8]) -> Answer {
     let auth = bearer();
-    let headers: Vec<(&str, &str)> = if token { vec![(auth.0, auth.1.as_str())] } else { vec![] };
-    http_with(method, admin, path, &headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    let headers: Vec<(&str, &str)> = if token {
+        vec![(auth.0, auth.1.as_str())]
+    } else {
+        vec![]
+    };
+    http_with(method, admin, path, &headers, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
 fn wait_ready(job: &Job, service: &mut Service) {
@@ -50,7 +55,11 @@ fn model_counts(evs: &[(Option<String>, Vec<u8>)]) -> HashMap<String, u64> {
 }
 
 fn offsets_sum(v: &Value) -> i64 {
-    v.as_array().expect("offsets").iter().map(|o| o["offset"].as_i64().expect("offset")).sum()
+    v.as_array()
+        .expect("offsets")
+        .iter()
+        .map(|o| o["offset"].as_i64().expect("offset"))
+        .sum()
 }
 
 #[test]
@@ -68,19 +77,39 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
     let mut service = job.spawn_with(&[], &[("FAILPOINTS", "admin-checkpoint=sleep(1500)"), long]);
     wait_ready(&job, &mut service);
     let a = call(job.admin, "GET", "/livez", false, b"");
-    assert_eq!((a.status, a.json()["status"].as_str()), (200, Some("alive")), "{}", a.body);
-    wait_until("every input record consumed", Duration::from_secs(120), || {
-        service.assert_running();
-        metric_sum(&scrape(job.admin), "streamstate_records_consumed_total") as usize == evs.len()
-    });
+    assert_eq!(
+        (a.status, a.json()["status"].as_str()),
+        (200, Some("alive")),
+        "{}",
+        a.body
+    );
+    wait_until(
+        "every input record consumed",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            metric_sum(&scrape(job.admin), "streamstate_records_consumed_total") as usize
+                == evs.len()
+        },
+    );
 
     // The token guards mutating endpoints and state lookups.
     let a = call(job.admin, "POST", "/checkpoints", false, b"");
     assert_eq!(a.status, 401, "{}", a.body);
     assert!(a.head.contains("www-authenticate: bearer"), "{}", a.head);
-    let wrong = http_with("POST", job.admin, "/checkpoints", &[("Authorization", "Bearer nope")], b"").expect("post");
+    let wrong = http_with(
+        "POST",
+        job.admin,
+        "/checkpoints",
+        &[("Authorization", "Bearer nope")],
+        b"",
+    )
+    .expect("post");
     assert_eq!(wrong.status, 401);
-    assert_eq!(call(job.admin, "GET", "/state/user-1", false, b"").status, 401);
+    assert_eq!(
+        call(job.admin, "GET", "/state/user-1", false, b"").status,
+        401
+    );
     assert_eq!(call(job.admin, "POST", "/stop", false, b"").status, 401);
 
     // Two triggers at once: one checkpoint, one 409.
@@ -90,21 +119,51 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
         let two = s.spawn(|| call(job.admin, "POST", "/checkpoints", true, b""));
         (one.join().expect("first"), two.join().expect("second"))
     });
-    assert_eq!((first.status, second.status), (200, 409), "{} / {}", first.body, second.body);
+    assert_eq!(
+        (first.status, second.status),
+        (200, 409),
+        "{} / {}",
+        first.body,
+        second.body
+    );
     let record = first.json();
-    let (id, name) = (record["id"].as_u64().expect("id"), record["name"].as_str().expect("name").to_string());
+    let (id, name) = (
+        record["id"].as_u64().expect("id"),
+        record["name"].as_str().expect("name").to_string(),
+    );
     assert_eq!(record["status"], "completed");
     assert_eq!(record["trigger"], "manual");
-    assert_eq!(offsets_sum(&record["offsets"]), evs.len() as i64, "{record}");
-    assert!(record["size_bytes"].as_u64() > Some(0) && record["end_time_ms"].as_u64() >= record["start_time_ms"].as_u64());
-    assert_eq!(job.committed(), evs.len() as i64, "the triggered checkpoint committed every offset");
+    assert_eq!(
+        offsets_sum(&record["offsets"]),
+        evs.len() as i64,
+        "{record}"
+    );
+    assert!(
+        record["size_bytes"].as_u64() > Some(0)
+            && record["end_time_ms"].as_u64() >= record["start_time_ms"].as_u64()
+    );
+    assert_eq!(
+        job.committed(),
+        evs.len() as i64,
+        "the triggered checkpoint committed every offset"
+    );
 
     // Listed and inspectable; bad ids are 400, unknown ones 404.
     let list = call(job.admin, "GET", "/checkpoints", false, b"").json();
-    assert!(list.as_array().expect("list").iter().any(|c| c["name"] == name.as_str() && c["status"] == "completed"), "{list}");
+    assert!(
+        list.as_array()
+            .expect("list")
+            .iter()
+            .any(|c| c["name"] == name.as_str() && c["status"] == "completed"),
+        "{list}"
+    );
     for path in [format!("/checkpoints/{id}"), format!("/checkpoints/{name}")] {
         let a = call(job.admin, "GET", &path, false, b"");
-        assert_eq!((a.status, a.json()["name"].as_str()), (200, Some(name.as_str())), "{path}");
+        assert_eq!(
+            (a.status, a.json()["name"].as_str()),
+            (200, Some(name.as_str())),
+            "{path}"
+        );
     }
     for (path, status) in [
         ("/checkpoints/abc", 400),
@@ -129,22 +188,54 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
         let v = a.json();
         assert_eq!(v["key"], user.as_str());
         assert_eq!(v["states"]["count"]["kind"], "value");
-        assert_eq!(v["states"]["count"]["entries"], json!([{"namespace": "", "value": counts[*user], "expires_at_ms": null}]), "{user}");
+        assert_eq!(
+            v["states"]["count"]["entries"],
+            json!([{"namespace": "", "value": counts[*user], "expires_at_ms": null}]),
+            "{user}"
+        );
     }
-    assert_eq!(call(job.admin, "GET", "/state/nobody-has-this-key", true, b"").status, 404);
-    assert_eq!(call(job.admin, "GET", &format!("/state/{}", "k".repeat(5000)), true, b"").status, 400);
+    assert_eq!(
+        call(job.admin, "GET", "/state/nobody-has-this-key", true, b"").status,
+        404
+    );
+    assert_eq!(
+        call(
+            job.admin,
+            "GET",
+            &format!("/state/{}", "k".repeat(5000)),
+            true,
+            b""
+        )
+        .status,
+        400
+    );
 
     // Rules: list (checked against the rules model) and one by id.
     check_rules(&job, &mut service);
     let a = call(job.admin, "GET", "/rules/r-a", false, b"");
-    assert_eq!((a.status, a.json()["version"].as_u64()), (200, Some(2)), "{}", a.body);
+    assert_eq!(
+        (a.status, a.json()["version"].as_u64()),
+        (200, Some(2)),
+        "{}",
+        a.body
+    );
     assert_eq!(a.json()["status"], "active");
-    assert!(a.json()["control_offset"].is_i64() && a.json()["applied_at_ms"].is_u64(), "{}", a.body);
-    assert_eq!(call(job.admin, "GET", "/rules/nope", false, b"").status, 404);
+    assert!(
+        a.json()["control_offset"].is_i64() && a.json()["applied_at_ms"].is_u64(),
+        "{}",
+        a.body
+    );
+    assert_eq!(
+        call(job.admin, "GET", "/rules/nope", false, b"").status,
+        404
+    );
 
     // Bodies: capped, parsed strictly; targets never escape the allowed roots.
     let big = format!(r#"{{"target":"{}"}}"#, "x".repeat(70 * 1024));
-    assert_eq!(call(job.admin, "POST", "/savepoints", true, big.as_bytes()).status, 413);
+    assert_eq!(
+        call(job.admin, "POST", "/savepoints", true, big.as_bytes()).status,
+        413
+    );
     let chk = job.checkpoint_dir().display().to_string();
     for body in [
         "{nope".to_string(),
@@ -157,7 +248,10 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
         let a = call(job.admin, "POST", "/savepoints", true, body.as_bytes());
         assert_eq!(a.status, 400, "{body}: {}", a.body);
     }
-    assert_eq!(call(job.admin, "POST", "/stop", true, br#"{"savepoint": "yes"}"#).status, 400);
+    assert_eq!(
+        call(job.admin, "POST", "/stop", true, br#"{"savepoint": "yes"}"#).status,
+        400
+    );
     service.assert_running();
 
     // Restorable: after a crash the restart restores exactly the triggered checkpoint
@@ -166,11 +260,24 @@ fn checkpoints_state_rules_tokens_and_bad_requests() {
     let mut service = job.spawn_with(&[], &[long]);
     wait_ready(&job, &mut service);
     let log = service.log();
-    assert!(log.contains("restored state from checkpoint") && log.contains(&name), "must restore {name}; log:\n{log}");
+    assert!(
+        log.contains("restored state from checkpoint") && log.contains(&name),
+        "must restore {name}; log:\n{log}"
+    );
     let list = call(job.admin, "GET", "/checkpoints", false, b"").json();
-    assert!(list.as_array().expect("list").iter().any(|c| c["name"] == name.as_str() && c["trigger"] == "restored"), "{list}");
+    assert!(
+        list.as_array()
+            .expect("list")
+            .iter()
+            .any(|c| c["name"] == name.as_str() && c["trigger"] == "restored"),
+        "{list}"
+    );
     let a = call(job.admin, "GET", &format!("/state/{}", users[0]), true, b"");
-    assert_eq!(a.json()["states"]["count"]["entries"][0]["value"].as_u64(), Some(counts[users[0]]), "state after restore");
+    assert_eq!(
+        a.json()["states"]["count"]["entries"][0]["value"].as_u64(),
+        Some(counts[users[0]]),
+        "state after restore"
+    );
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "{status}");
     let (outputs, _) = check_exactly_once(&job);
@@ -204,18 +311,38 @@ fn stop_with_savepoint(storage: Storage) {
     assert!(early_id.starts_with("sp-"), "{early}");
     assert_eq!(offsets_sum(&early["offsets"]), first.len() as i64);
     let listed = call(job.admin, "GET", "/savepoints", false, b"").json();
-    assert!(listed.as_array().expect("list").iter().any(|s| s["id"] == early_id.as_str()), "{listed}");
+    assert!(
+        listed
+            .as_array()
+            .expect("list")
+            .iter()
+            .any(|s| s["id"] == early_id.as_str()),
+        "{listed}"
+    );
     let trig = call(job.admin, "GET", "/checkpoints", false, b"").json();
-    assert!(trig.as_array().expect("list").iter().any(|c| c["trigger"] == "savepoint"), "{trig}");
+    assert!(
+        trig.as_array()
+            .expect("list")
+            .iter()
+            .any(|c| c["trigger"] == "savepoint"),
+        "{trig}"
+    );
 
     // Stop with a savepoint: answers with it, then exits 0.
     let a = call(job.admin, "POST", "/stop", false, br#"{"savepoint": true}"#);
     assert_eq!(a.status, 200, "{}", a.body);
     let stopped = a.json();
     assert_eq!(stopped["stopped"], true);
-    let sp = stopped["savepoint"]["id"].as_str().expect("savepoint id").to_string();
+    let sp = stopped["savepoint"]["id"]
+        .as_str()
+        .expect("savepoint id")
+        .to_string();
     let status = service.wait_exit(Duration::from_secs(60));
-    assert!(status.success(), "stop must exit 0, got {status}; log:\n{}", service.log());
+    assert!(
+        status.success(),
+        "stop must exit 0, got {status}; log:\n{}",
+        service.log()
+    );
     assert_eq!(job.committed(), first.len() as i64);
 
     // More input while stopped; the restart from the savepoint continues every count.
@@ -224,27 +351,51 @@ fn stop_with_savepoint(storage: Storage) {
     let mut service = job.spawn_with(&["--from-savepoint", &sp], &env);
     wait_all_committed(&job, &mut service);
     let log = service.log();
-    assert!(log.contains("restored state from savepoint") && log.contains(&sp), "log:\n{log}");
+    assert!(
+        log.contains("restored state from savepoint") && log.contains(&sp),
+        "log:\n{log}"
+    );
     let listed = call(job.admin, "GET", "/savepoints", false, b"").json();
     for id in [&early_id, &sp] {
-        assert!(listed.as_array().expect("list").iter().any(|s| s["id"] == id.as_str()), "{id} not in {listed}");
+        assert!(
+            listed
+                .as_array()
+                .expect("list")
+                .iter()
+                .any(|s| s["id"] == id.as_str()),
+            "{id} not in {listed}"
+        );
     }
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "{status}");
     let (outputs, _) = check_exactly_once(&job);
-    let good = [&first, &second].iter().flat_map(|e| e.iter()).filter(|(_, v)| user_of(Some(v)).is_some()).count();
+    let good = [&first, &second]
+        .iter()
+        .flat_map(|e| e.iter())
+        .filter(|(_, v)| user_of(Some(v)).is_some())
+        .count();
     assert_eq!(outputs, good);
 
     // The same savepoint again would repeat everything after it: refused, clearly.
     let mut again = job.spawn_with(&["--from-savepoint", &sp], &env);
     let status = again.wait_exit(Duration::from_secs(60));
-    assert!(!status.success(), "restoring a stale savepoint must be refused");
+    assert!(
+        !status.success(),
+        "restoring a stale savepoint must be refused"
+    );
     let log = again.log();
-    assert!(log.contains("differ from the savepoint's") && log.contains("--ignore-committed-offsets"), "log:\n{log}");
+    assert!(
+        log.contains("differ from the savepoint's") && log.contains("--ignore-committed-offsets"),
+        "log:\n{log}"
+    );
     // Ids are checked before anything is read.
     let mut bad = job.spawn_with(&["--from-savepoint", "../../etc"], &env);
     assert!(!bad.wait_exit(Duration::from_secs(60)).success());
-    assert!(bad.log().contains("not a savepoint id"), "log:\n{}", bad.log());
+    assert!(
+        bad.log().contains("not a savepoint id"),
+        "log:\n{}",
+        bad.log()
+    );
 }
 
 /// `# TYPE` lines of a Prometheus text page: name → type.
@@ -261,7 +412,10 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
     let job = Job::new("metrics", 2);
     job.write_config("300ms", "");
     let evs = events(3_000, 10, 31);
-    let bad = evs.iter().filter(|(_, v)| user_of(Some(v)).is_none()).count();
+    let bad = evs
+        .iter()
+        .filter(|(_, v)| user_of(Some(v)).is_none())
+        .count();
     produce_all(&job.input, &evs, None);
     produce_rules(&job.control, &rule_records(0));
     let mut service = job.spawn();
@@ -269,7 +423,8 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
     check_rules(&job, &mut service);
     wait_until("consumer lag to reach 0", Duration::from_secs(30), || {
         let text = scrape(job.admin);
-        text.contains("streamstate_consumer_lag_records{") && metric_sum(&text, "streamstate_consumer_lag_records") == 0.0
+        text.contains("streamstate_consumer_lag_records{")
+            && metric_sum(&text, "streamstate_consumer_lag_records") == 0.0
     });
     let text = scrape(job.admin);
     let types = metric_types(&text);
@@ -282,8 +437,14 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         ("streamstate_watermark_lag_seconds", "gauge"),
         ("streamstate_checkpoint_duration_seconds", "histogram"),
         ("streamstate_last_checkpoint_size_bytes", "gauge"),
-        ("streamstate_last_checkpoint_incremental_size_bytes", "gauge"),
-        ("streamstate_last_checkpoint_completed_timestamp_seconds", "gauge"),
+        (
+            "streamstate_last_checkpoint_incremental_size_bytes",
+            "gauge",
+        ),
+        (
+            "streamstate_last_checkpoint_completed_timestamp_seconds",
+            "gauge",
+        ),
         ("streamstate_checkpoints_completed_total", "counter"),
         ("streamstate_checkpoints_failed_total", "counter"),
         ("streamstate_time_since_last_checkpoint_seconds", "gauge"),
@@ -300,23 +461,53 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         ("streamstate_http_request_duration_seconds", "histogram"),
         ("streamstate_build_info", "gauge"),
     ] {
-        assert_eq!(types.get(name).map(String::as_str), Some(kind), "{name} must be a {kind}; page:\n{text}");
+        assert_eq!(
+            types.get(name).map(String::as_str),
+            Some(kind),
+            "{name} must be a {kind}; page:\n{text}"
+        );
     }
     for (name, kind) in &types {
         assert!(name.starts_with("streamstate_"), "{name}");
         if kind == "counter" {
-            assert!(name.ends_with("_total"), "counter {name} must end in _total");
+            assert!(
+                name.ends_with("_total"),
+                "counter {name} must end in _total"
+            );
         }
     }
     // Counters equal what the test produced.
-    assert_eq!(metric_sum(&text, "streamstate_records_consumed_total") as usize, evs.len());
-    assert_eq!(metric_sum(&text, "streamstate_records_produced_total") as usize, evs.len() - bad);
-    assert_eq!(metric_sum(&text, "streamstate_records_dead_lettered_total") as usize, bad);
-    assert!(text.contains(&format!("streamstate_records_dead_lettered_total{{partition=")), "dead letters by topic, partition, reason");
-    assert_eq!(metric_sum(&text, "streamstate_processing_duration_seconds_count") as usize, evs.len() + rule_records(0).len());
+    assert_eq!(
+        metric_sum(&text, "streamstate_records_consumed_total") as usize,
+        evs.len()
+    );
+    assert_eq!(
+        metric_sum(&text, "streamstate_records_produced_total") as usize,
+        evs.len() - bad
+    );
+    assert_eq!(
+        metric_sum(&text, "streamstate_records_dead_lettered_total") as usize,
+        bad
+    );
+    assert!(
+        text.contains(&format!(
+            "streamstate_records_dead_lettered_total{{partition="
+        )),
+        "dead letters by topic, partition, reason"
+    );
+    assert_eq!(
+        metric_sum(&text, "streamstate_processing_duration_seconds_count") as usize,
+        evs.len() + rule_records(0).len()
+    );
     let (rules, rejected) = rules_model(&job);
-    assert_eq!(metric_sum(&text, "streamstate_rules_active") as usize, rules.values().filter(|(_, deleted)| !deleted).count());
-    let rejected_line = format!("streamstate_rule_updates_total{{outcome=\"rejected\"}} {}", rejected.len());
+    assert_eq!(
+        metric_sum(&text, "streamstate_rules_active") as usize,
+        rules.values().filter(|(_, deleted)| !deleted).count()
+    );
+    let rejected_line = format!(
+        "streamstate_rule_updates_total{{outcome=\"rejected\"}} {}",
+        rejected.len()
+    );
     assert!(text.contains(&rejected_line), "{rejected_line} in:\n{text}");
     assert!(metric_sum(&text, "streamstate_checkpoints_completed_total") >= 1.0);
     assert!(text.contains("streamstate_transactions_total{outcome=\"committed\"}"));
@@ -324,15 +515,20 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
     assert!(metric_sum(&text, "streamstate_state_keys") > 0.0);
     assert!(metric_sum(&text, "streamstate_time_since_last_checkpoint_seconds") < 30.0);
     assert_eq!(metric_sum(&text, "streamstate_build_info"), 1.0);
-    assert!(text.contains("streamstate_http_requests_total{route=\"/metrics\",status=\"200\"}"), "{text}");
+    assert!(
+        text.contains("streamstate_http_requests_total{route=\"/metrics\",status=\"200\"}"),
+        "{text}"
+    );
     // Another 3 records move the counters by 3.
     let more = events(3, 0, 32);
     produce_all(&job.input, &more, None);
     wait_until("3 more records consumed", Duration::from_secs(30), || {
-        metric_sum(&scrape(job.admin), "streamstate_records_consumed_total") as usize == evs.len() + 3
+        metric_sum(&scrape(job.admin), "streamstate_records_consumed_total") as usize
+            == evs.len() + 3
     });
     wait_until("3 more records produced", Duration::from_secs(30), || {
-        metric_sum(&scrape(job.admin), "streamstate_records_produced_total") as usize == evs.len() - bad + 3
+        metric_sum(&scrape(job.admin), "streamstate_records_produced_total") as usize
+            == evs.len() - bad + 3
     });
 
     // Every metric the dashboard and the alert rules query exists on this page.
@@ -340,11 +536,20 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
     for file in ["streamstate.json", "alerts.yaml"] {
         let body = std::fs::read_to_string(root.join(file)).expect("read");
         let names = queried_metrics(&body);
-        assert!(names.len() >= 5, "{file} queries too few metrics: {names:?}");
+        assert!(
+            names.len() >= 5,
+            "{file} queries too few metrics: {names:?}"
+        );
         for name in names {
-            let base = ["_bucket", "_count", "_sum"].iter().find_map(|s| name.strip_suffix(s)).filter(|b| types.get(*b).is_some_and(|t| t == "histogram"));
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|b| types.get(*b).is_some_and(|t| t == "histogram"));
             let base = base.unwrap_or(&name);
-            assert!(types.contains_key(base), "{file} queries {name}, which /metrics does not have");
+            assert!(
+                types.contains_key(base),
+                "{file} queries {name}, which /metrics does not have"
+            );
         }
     }
     service.sigkill();
@@ -361,7 +566,8 @@ fn queried_metrics(body: &str) -> Vec<String> {
         while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
             end += 1;
         }
-        let preceded = start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let preceded =
+            start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         if !preceded {
             out.push(body[start..end].to_string());
         }
@@ -377,15 +583,34 @@ fn queried_metrics(body: &str) -> Vec<String> {
 #[test]
 fn dashboard_is_valid_grafana_json() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/streamstate.json");
-    let d: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("dashboard is JSON");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read"))
+        .expect("dashboard is JSON");
     // The fields Grafana's dashboard model (schemaVersion 39) requires to import a file.
     assert!(d["title"].as_str().is_some_and(|t| !t.is_empty()), "title");
-    assert!(d["uid"].as_str().is_some_and(|u| !u.is_empty() && u.len() <= 40), "uid (≤ 40 chars)");
-    assert!(d["schemaVersion"].as_u64().is_some_and(|v| v >= 30), "schemaVersion");
-    assert!(d.get("id").is_none_or(Value::is_null), "id must be null for a provisioned dashboard");
-    assert!(d["time"]["from"].is_string() && d["time"]["to"].is_string(), "time range");
+    assert!(
+        d["uid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty() && u.len() <= 40),
+        "uid (≤ 40 chars)"
+    );
+    assert!(
+        d["schemaVersion"].as_u64().is_some_and(|v| v >= 30),
+        "schemaVersion"
+    );
+    assert!(
+        d.get("id").is_none_or(Value::is_null),
+        "id must be null for a provisioned dashboard"
+    );
+    assert!(
+        d["time"]["from"].is_string() && d["time"]["to"].is_string(),
+        "time range"
+    );
     let vars = d["templating"]["list"].as_array().expect("templating.list");
-    assert!(vars.iter().any(|v| v["type"] == "datasource" && v["query"] == "prometheus"), "a Prometheus datasource variable");
+    assert!(
+        vars.iter()
+            .any(|v| v["type"] == "datasource" && v["query"] == "prometheus"),
+        "a Prometheus datasource variable"
+    );
     let panels = d["panels"].as_array().expect("panels");
     let mut ids = std::collections::HashSet::new();
     let mut titles = Vec::new();
@@ -394,34 +619,65 @@ fn dashboard_is_valid_grafana_json() {
         let id = p["id"].as_u64().expect("panel id");
         assert!(ids.insert(id), "panel id {id} repeats");
         let kind = p["type"].as_str().expect("panel type");
-        assert!(["timeseries", "stat", "gauge", "row", "table", "bargauge"].contains(&kind), "panel type {kind}");
+        assert!(
+            ["timeseries", "stat", "gauge", "row", "table", "bargauge"].contains(&kind),
+            "panel type {kind}"
+        );
         let g = &p["gridPos"];
         for k in ["h", "w", "x", "y"] {
             assert!(g[k].is_u64(), "panel {id} gridPos.{k}");
         }
-        assert!(g["x"].as_u64().unwrap_or(0) + g["w"].as_u64().unwrap_or(0) <= 24, "panel {id} exceeds the 24-column grid");
+        assert!(
+            g["x"].as_u64().unwrap_or(0) + g["w"].as_u64().unwrap_or(0) <= 24,
+            "panel {id} exceeds the 24-column grid"
+        );
         titles.push(p["title"].as_str().expect("panel title").to_lowercase());
         if kind == "row" {
             continue;
         }
-        assert_eq!(p["datasource"]["uid"], "${datasource}", "panel {id} uses the datasource variable");
+        assert_eq!(
+            p["datasource"]["uid"], "${datasource}",
+            "panel {id} uses the datasource variable"
+        );
         let targets = p["targets"].as_array().expect("targets");
         assert!(!targets.is_empty(), "panel {id} has no query");
         for t in targets {
             let expr = t["expr"].as_str().expect("expr");
             assert!(expr.contains("streamstate_"), "panel {id}: {expr}");
             assert!(t["refId"].is_string(), "panel {id} refId");
-            assert_eq!(expr.matches('(').count(), expr.matches(')').count(), "panel {id}: unbalanced {expr}");
+            assert_eq!(
+                expr.matches('(').count(),
+                expr.matches(')').count(),
+                "panel {id}: unbalanced {expr}"
+            );
             queries += 1;
         }
     }
     assert!(queries >= 12, "{queries} queries");
-    for topic in ["throughput", "lag", "latency", "checkpoint", "state", "rule", "error"] {
-        assert!(titles.iter().any(|t| t.contains(topic)), "no panel about {topic}: {titles:?}");
+    for topic in [
+        "throughput",
+        "lag",
+        "latency",
+        "checkpoint",
+        "state",
+        "rule",
+        "error",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(topic)),
+            "no panel about {topic}: {titles:?}"
+        );
     }
     let alerts = std::fs::read_to_string(path.with_file_name("alerts.yaml")).expect("alerts");
-    for alert in ["StreamstateNoCheckpoint", "StreamstateConsumerLagGrowing", "StreamstateDeadLetterRate"] {
-        assert!(alerts.contains(&format!("alert: {alert}")), "{alert} missing");
+    for alert in [
+        "StreamstateNoCheckpoint",
+        "StreamstateConsumerLagGrowing",
+        "StreamstateDeadLetterRate",
+    ] {
+        assert!(
+            alerts.contains(&format!("alert: {alert}")),
+            "{alert} missing"
+        );
     }
 }
 
@@ -430,23 +686,40 @@ fn sigterm_during_load_exits_zero_in_time_and_the_restart_has_no_gap_or_duplicat
     let job = Job::new("sigterm", 4);
     job.write_config("200ms", "");
     let evs = events(10_000, 5, 41);
-    let good = evs.iter().filter(|(_, v)| user_of(Some(v)).is_some()).count();
+    let good = evs
+        .iter()
+        .filter(|(_, v)| user_of(Some(v)).is_some())
+        .count();
     let mut service = job.spawn();
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(2_000)));
-    wait_until("a third of the input committed", Duration::from_secs(120), || {
-        service.assert_running();
-        job.committed() >= 3_000
-    });
+    wait_until(
+        "a third of the input committed",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            job.committed() >= 3_000
+        },
+    );
     let started = Instant::now();
     // checkpoint.timeout is 15 s in the test config: the final checkpoint is bounded by it.
     let status = service.terminate(Duration::from_secs(20));
     let took = started.elapsed();
-    assert!(status.success(), "SIGTERM must exit 0, got {status}; log:\n{}", service.log());
+    assert!(
+        status.success(),
+        "SIGTERM must exit 0, got {status}; log:\n{}",
+        service.log()
+    );
     let log = service.log();
-    assert!(log.contains("SIGTERM") && log.contains("final checkpoint committed"), "log:\n{log}");
+    assert!(
+        log.contains("SIGTERM") && log.contains("final checkpoint committed"),
+        "log:\n{log}"
+    );
     let stopped_at = job.committed();
-    assert!(stopped_at < 10_000, "the stop must land mid-load (committed {stopped_at}, took {took:?})");
+    assert!(
+        stopped_at < 10_000,
+        "the stop must land mid-load (committed {stopped_at}, took {took:?})"
+    );
     let mut service = job.spawn();
     feeder.join().expect("feeder");
     wait_all_committed(&job, &mut service);

@@ -19,10 +19,13 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 fn set_topic_config(topic: &str, key: &str, value: &str) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
     let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
-    let r = futures::executor::block_on(admin.alter_configs(&[change], &AdminOptions::new())).expect("alter configs");
+    let r = futures::executor::block_on(admin.alter_configs(&[change], &AdminOptions::new()))
+        .expect("alter configs");
     for x in r {
         x.unwrap_or_else(|(t, e)| panic!("alter {t:?}: {e}"));
     }
@@ -40,7 +43,9 @@ fn ready(job: &Job) -> bool {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 // ---------------------------------------------------------------- bad input
@@ -68,28 +73,78 @@ fn every_kind_of_bad_input_is_dead_lettered_exactly_once_without_a_crash() {
         ("invalid_json", b"{\"user_id\":\"u\",\"ts\":1}}}".to_vec()),
         ("not_utf8", vec![0xff, 0xfe, b'{', b'}']),
         ("not_utf8", b"{\"user_id\":\"\xc3\x28\"}".to_vec()),
-        ("too_deep", format!("{{\"user_id\":\"u\",\"x\":{}{}}}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes()),
-        ("too_large", format!("{{\"user_id\":\"big\",\"ts\":{},\"pad\":\"{}\"}}", now_ms(), "a".repeat(10 << 20)).into_bytes()),
-        ("key_too_large", format!("{{\"user_id\":\"{}\",\"ts\":{}}}", "k".repeat(100 << 10), now_ms()).into_bytes()),
-        ("key_not_scalar", format!("{{\"user_id\":{{\"a\":1}},\"ts\":{}}}", now_ms()).into_bytes()),
-        ("key_not_scalar", format!("{{\"user_id\":[1],\"ts\":{}}}", now_ms()).into_bytes()),
-        ("key_not_scalar", format!("{{\"user_id\":true,\"ts\":{}}}", now_ms()).into_bytes()),
-        ("missing_key", format!("{{\"other\":1,\"ts\":{}}}", now_ms()).into_bytes()),
+        (
+            "too_deep",
+            format!(
+                "{{\"user_id\":\"u\",\"x\":{}{}}}",
+                "[".repeat(10_000),
+                "]".repeat(10_000)
+            )
+            .into_bytes(),
+        ),
+        (
+            "too_large",
+            format!(
+                "{{\"user_id\":\"big\",\"ts\":{},\"pad\":\"{}\"}}",
+                now_ms(),
+                "a".repeat(10 << 20)
+            )
+            .into_bytes(),
+        ),
+        (
+            "key_too_large",
+            format!(
+                "{{\"user_id\":\"{}\",\"ts\":{}}}",
+                "k".repeat(100 << 10),
+                now_ms()
+            )
+            .into_bytes(),
+        ),
+        (
+            "key_not_scalar",
+            format!("{{\"user_id\":{{\"a\":1}},\"ts\":{}}}", now_ms()).into_bytes(),
+        ),
+        (
+            "key_not_scalar",
+            format!("{{\"user_id\":[1],\"ts\":{}}}", now_ms()).into_bytes(),
+        ),
+        (
+            "key_not_scalar",
+            format!("{{\"user_id\":true,\"ts\":{}}}", now_ms()).into_bytes(),
+        ),
+        (
+            "missing_key",
+            format!("{{\"other\":1,\"ts\":{}}}", now_ms()).into_bytes(),
+        ),
         ("missing_key", b"{\"user_id\":null}".to_vec()),
         ("missing_key", b"[1,2,3]".to_vec()),
         ("missing_key", b"\"just a string\"".to_vec()),
         ("missing_timestamp", b"{\"user_id\":\"u\"}".to_vec()),
-        ("bad_timestamp", b"{\"user_id\":\"u\",\"ts\":\"yesterday\"}".to_vec()),
+        (
+            "bad_timestamp",
+            b"{\"user_id\":\"u\",\"ts\":\"yesterday\"}".to_vec(),
+        ),
         ("bad_timestamp", b"{\"user_id\":\"u\",\"ts\":-1}".to_vec()),
-        ("event_time_out_of_range", format!("{{\"user_id\":\"u\",\"ts\":{}}}", now_ms() + 365 * day).into_bytes()),
-        ("event_time_out_of_range", b"{\"user_id\":\"u\",\"ts\":\"2200-01-01T00:00:00Z\"}".to_vec()),
-        ("event_time_out_of_range", b"{\"user_id\":\"u\",\"ts\":0}".to_vec()),
+        (
+            "event_time_out_of_range",
+            format!("{{\"user_id\":\"u\",\"ts\":{}}}", now_ms() + 365 * day).into_bytes(),
+        ),
+        (
+            "event_time_out_of_range",
+            b"{\"user_id\":\"u\",\"ts\":\"2200-01-01T00:00:00Z\"}".to_vec(),
+        ),
+        (
+            "event_time_out_of_range",
+            b"{\"user_id\":\"u\",\"ts\":0}".to_vec(),
+        ),
         ("empty", Vec::new()),
     ];
     let mut rng = rand::rng();
     let mut produced = 0;
     let mut send = |key: &str, value: &[u8], partition: i32| {
-        let mut r = BaseRecord::<str, [u8]>::to(&job.input).key(key).partition(partition);
+        let mut r = BaseRecord::<str, [u8]>::to(&job.input)
+            .key(key)
+            .partition(partition);
         if !value.is_empty() {
             r = r.payload(value);
         }
@@ -131,7 +186,11 @@ fn every_kind_of_bad_input_is_dead_lettered_exactly_once_without_a_crash() {
     let metrics = http("GET", job.admin, "/metrics").expect("metrics").1;
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "clean exit after bad input: {status}");
-    assert!(!service.log().contains("panicked"), "no panic:\n{}", service.log());
+    assert!(
+        !service.log().contains("panicked"),
+        "no panic:\n{}",
+        service.log()
+    );
     let report = independent_check(
         &job,
         &CheckerOptions {
@@ -144,8 +203,14 @@ fn every_kind_of_bad_input_is_dead_lettered_exactly_once_without_a_crash() {
     );
     let reasons = &report["dead_letter_reasons"];
     for (reason, _) in &bad {
-        assert!(reasons[*reason].as_u64().unwrap_or(0) >= 2, "reason {reason} in {reasons}");
-        assert!(metrics.contains(&format!("reason=\"{reason}\"")), "metric label {reason}");
+        assert!(
+            reasons[*reason].as_u64().unwrap_or(0) >= 2,
+            "reason {reason} in {reasons}"
+        );
+        assert!(
+            metrics.contains(&format!("reason=\"{reason}\"")),
+            "metric label {reason}"
+        );
     }
     assert_eq!(report["input_records"].as_u64(), Some(produced as u64));
 }
@@ -172,11 +237,21 @@ fn control_topic_garbage_is_never_applied_and_the_last_good_rule_stays() {
         if rng.random_ratio(1, 10) {
             let junk = match rng.random_range(0..6) {
                 0 => "{not json".to_string(),
-                1 => format!(r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"count"}},"pad":"{}"}}"#, version + 1000, "x".repeat(70 << 10)),
+                1 => format!(
+                    r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"count"}},"pad":"{}"}}"#,
+                    version + 1000,
+                    "x".repeat(70 << 10)
+                ),
                 2 => format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)),
-                3 => format!(r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"median"}}}}"#, version + 1000),
+                3 => format!(
+                    r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"median"}}}}"#,
+                    version + 1000
+                ),
                 4 => format!(r#"{{"id":"{id}","version":"high","kind":"aggregate"}}"#),
-                _ => format!(r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"count"}},"surprise":1}}"#, version + 1000),
+                _ => format!(
+                    r#"{{"id":"{id}","version":{},"kind":"aggregate","aggregate":{{"fn":"count"}},"surprise":1}}"#,
+                    version + 1000
+                ),
             };
             garbage_offsets.push(records.len() as i64);
             records.push((id, Some(junk)));
@@ -197,32 +272,53 @@ fn control_topic_garbage_is_never_applied_and_the_last_good_rule_stays() {
     });
     produce_rules(&job.control, &records);
     produce_all(&job.input, &events(500, 0, 5), None);
-    let expected: std::collections::BTreeMap<String, (u64, bool)> =
-        last_good.iter().map(|(k, v)| (k.clone(), (*v, false))).collect();
+    let expected: std::collections::BTreeMap<String, (u64, bool)> = last_good
+        .iter()
+        .map(|(k, v)| (k.clone(), (*v, false)))
+        .collect();
     let mut served = None;
-    wait_until("served rules to be the last good versions", Duration::from_secs(120), || {
-        service.assert_running();
-        served = rules_served(job.admin);
-        served.as_ref() == Some(&expected)
-    });
+    wait_until(
+        "served rules to be the last good versions",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            served = rules_served(job.admin);
+            served.as_ref() == Some(&expected)
+        },
+    );
     wait_all_committed(&job, &mut service);
     // Restarted, the rules in force come back from the checkpoint unchanged.
     service.sigkill();
     let mut service = job.spawn();
-    wait_until("same rules after a restart", Duration::from_secs(120), || {
-        service.assert_running();
-        rules_served(job.admin).as_ref() == Some(&expected)
-    });
+    wait_until(
+        "same rules after a restart",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            rules_served(job.admin).as_ref() == Some(&expected)
+        },
+    );
     service.terminate(Duration::from_secs(60));
     let mut dead: Vec<i64> = read_all(&job.dlq, true)
         .iter()
         .filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.control))
         .inspect(|r| assert!(!r.headers["streamstate.error.reason"].is_empty()))
-        .map(|r| r.headers["streamstate.source.offset"].parse().expect("offset"))
+        .map(|r| {
+            r.headers["streamstate.source.offset"]
+                .parse()
+                .expect("offset")
+        })
         .collect();
     dead.sort_unstable();
-    assert_eq!(dead, garbage_offsets, "each malformed rule exactly once in the dead-letter topic");
-    eprintln!("rules garbage: {} control records, {} malformed, all refused", records.len(), garbage_offsets.len());
+    assert_eq!(
+        dead, garbage_offsets,
+        "each malformed rule exactly once in the dead-letter topic"
+    );
+    eprintln!(
+        "rules garbage: {} control records, {} malformed, all refused",
+        records.len(),
+        garbage_offsets.len()
+    );
 }
 
 // ---------------------------------------------------------------- corrupted checkpoints
@@ -236,16 +332,26 @@ fn committed_checkpoint(job: &Job) -> (String, Vec<PathBuf>) {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("chk-") && !n.ends_with(".tmp"))
         .collect();
-    names.sort_by_key(|n| n.trim_start_matches("chk-").split('-').next().and_then(|id| id.parse::<u64>().ok()));
+    names.sort_by_key(|n| {
+        n.trim_start_matches("chk-")
+            .split('-')
+            .next()
+            .and_then(|id| id.parse::<u64>().ok())
+    });
     let newest = names.last().expect("a checkpoint").clone();
     let mut files = Vec::new();
-    for e in std::fs::read_dir(root.join(&newest)).expect("chk dir").flatten() {
+    for e in std::fs::read_dir(root.join(&newest))
+        .expect("chk dir")
+        .flatten()
+    {
         if e.path().is_file() && e.file_name() != "COMPLETED" {
             files.push(e.path());
         }
     }
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root.join(&newest).join("manifest.json")).expect("manifest")).expect("json");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join(&newest).join("manifest.json")).expect("manifest"),
+    )
+    .expect("json");
     for f in manifest["state"]["files"].as_array().expect("files") {
         if let Some(sha) = f["sha256"].as_str() {
             let shared = root.join("shared").join(sha);
@@ -280,11 +386,18 @@ fn damage(file: &Path, how: Damage, rng: &mut impl Rng) {
             std::fs::write(file, bytes).expect("write");
         }
         Damage::Delete => std::fs::remove_file(file).expect("delete"),
-        Damage::ManifestGarbage => std::fs::write(file, b"{\"format_version\": 1, \"checkpoint\": ").expect("write"),
+        Damage::ManifestGarbage => {
+            std::fs::write(file, b"{\"format_version\": 1, \"checkpoint\": ").expect("write")
+        }
         Damage::ManifestVersion => {
             let text = String::from_utf8(bytes).expect("utf-8");
-            let changed = text.replacen("\"format_version\": 1", "\"format_version\": 99", 1).replacen("\"format_version\":1", "\"format_version\":99", 1);
-            assert_ne!(changed, text, "the manifest must name format_version 1 for this damage to apply");
+            let changed = text
+                .replacen("\"format_version\": 1", "\"format_version\": 99", 1)
+                .replacen("\"format_version\":1", "\"format_version\":99", 1);
+            assert_ne!(
+                changed, text,
+                "the manifest must name format_version 1 for this damage to apply"
+            );
             std::fs::write(file, changed).expect("write");
         }
     }
@@ -300,7 +413,11 @@ fn corrupted_checkpoints_are_always_detected_named_and_the_fallback_is_opt_in() 
     wait_all_committed(&job, &mut service);
     assert!(service.terminate(Duration::from_secs(60)).success());
     let (newest, files) = committed_checkpoint(&job);
-    let manifest = files.iter().find(|f| f.ends_with("manifest.json")).expect("manifest").clone();
+    let manifest = files
+        .iter()
+        .find(|f| f.ends_with("manifest.json"))
+        .expect("manifest")
+        .clone();
     let data: Vec<&PathBuf> = files.iter().filter(|f| **f != manifest).collect();
     let mut rng = rand::rng();
     let mut plan: Vec<(PathBuf, Damage)> = Vec::new();
@@ -334,13 +451,24 @@ fn corrupted_checkpoints_are_always_detected_named_and_the_fallback_is_opt_in() 
         std::fs::write(file, &original).expect("restore the file");
         // The log file is shared by every start: keep only this attempt's part.
         std::fs::write(job.dir.path().join("service.log"), b"").expect("truncate log");
-        assert!(!status.success(), "{how:?} of {} was not detected: the service started", file.display());
+        assert!(
+            !status.success(),
+            "{how:?} of {} was not detected: the service started",
+            file.display()
+        );
         let name = file.file_name().and_then(|n| n.to_str()).expect("name");
-        let named_file = log.contains(name) || (matches!(how, Damage::Delete) && *file == manifest && log.contains("missing"));
-        assert!(log.contains(&newest) && named_file, "{how:?} of {name}: the error must name checkpoint {newest} and the file:\n{log}");
+        let named_file = log.contains(name)
+            || (matches!(how, Damage::Delete) && *file == manifest && log.contains("missing"));
+        assert!(
+            log.contains(&newest) && named_file,
+            "{how:?} of {name}: the error must name checkpoint {newest} and the file:\n{log}"
+        );
         detected += 1;
     }
-    eprintln!("corrupted checkpoints: {detected}/{} damages detected and named", plan.len());
+    eprintln!(
+        "corrupted checkpoints: {detected}/{} damages detected and named",
+        plan.len()
+    );
 
     // Intact again: a normal start restores it, more input, exactly once.
     produce_all(&job.input, &events(1_000, 5, 42), None);
@@ -351,30 +479,52 @@ fn corrupted_checkpoints_are_always_detected_named_and_the_fallback_is_opt_in() 
 
     // Opt-in fallback: damage the committed checkpoint, restore an older one.
     let (newest, files) = committed_checkpoint(&job);
-    let victim = files.iter().find(|f| !f.ends_with("manifest.json")).expect("a data file");
+    let victim = files
+        .iter()
+        .find(|f| !f.ends_with("manifest.json"))
+        .expect("a data file");
     damage(victim, Damage::Flip, &mut rng);
     let mut refused = job.spawn();
-    assert!(!refused.wait_exit(Duration::from_secs(120)).success(), "damaged {newest} must stop the start");
+    assert!(
+        !refused.wait_exit(Duration::from_secs(120)).success(),
+        "damaged {newest} must stop the start"
+    );
     let mut fallback = job.spawn_with(&["--allow-older-checkpoint"], &[]);
-    wait_until("the fallback to restore and run", Duration::from_secs(120), || {
-        fallback.assert_running();
-        fallback.log().contains("AT-LEAST-ONCE")
-    });
+    wait_until(
+        "the fallback to restore and run",
+        Duration::from_secs(120),
+        || {
+            fallback.assert_running();
+            fallback.log().contains("AT-LEAST-ONCE")
+        },
+    );
     wait_all_committed(&job, &mut fallback);
     fallback.sigkill();
     // At-least-once: records after the older checkpoint appear twice, never wrong or missing.
     let (_, report) = independent_report(&job, &CheckerOptions::all());
     let v = &report["violations"];
-    let only_dups = v.as_object().is_some_and(|m| m.keys().all(|k| k == "duplicated" || k == "dead_letter_duplicated"));
-    assert!(only_dups && report["missing"] == 0 && report["wrong"] == 0, "fallback must only duplicate: {report}");
-    eprintln!("fallback: {} duplicated outputs (at-least-once), 0 missing, 0 wrong", report["duplicated"]);
+    let only_dups = v.as_object().is_some_and(|m| {
+        m.keys()
+            .all(|k| k == "duplicated" || k == "dead_letter_duplicated")
+    });
+    assert!(
+        only_dups && report["missing"] == 0 && report["wrong"] == 0,
+        "fallback must only duplicate: {report}"
+    );
+    eprintln!(
+        "fallback: {} duplicated outputs (at-least-once), 0 missing, 0 wrong",
+        report["duplicated"]
+    );
 }
 
 // ---------------------------------------------------------------- restart storm
 
 #[test]
 fn restart_storm_causes_no_crash_loop_and_keeps_exactly_once() {
-    let secs: u64 = std::env::var("STREAMSTATE_TEST_STORM_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let secs: u64 = std::env::var("STREAMSTATE_TEST_STORM_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     let job = Job::new("storm", 4);
     job.write_config("300ms", "");
     let rate = 800u64;
@@ -389,10 +539,14 @@ fn restart_storm_causes_no_crash_loop_and_keeps_exactly_once() {
     while started.elapsed() < Duration::from_secs(secs) {
         let mut service = job.spawn();
         let t0 = Instant::now();
-        wait_until("ready after a restart (no crash loop)", Duration::from_secs(120), || {
-            service.assert_running();
-            ready(&job)
-        });
+        wait_until(
+            "ready after a restart (no crash loop)",
+            Duration::from_secs(120),
+            || {
+                service.assert_running();
+                ready(&job)
+            },
+        );
         slowest_ready = slowest_ready.max(t0.elapsed());
         let up = Instant::now() + Duration::from_millis(rng.random_range(1_000..4_000));
         // The restart moment is this test's schedule, not a wait for a condition.
@@ -402,7 +556,11 @@ fn restart_storm_causes_no_crash_loop_and_keeps_exactly_once() {
         }
         if rng.random_bool(0.5) {
             let status = service.terminate(Duration::from_secs(60));
-            assert!(status.success(), "SIGTERM must exit 0: {status}\n{}", service.log());
+            assert!(
+                status.success(),
+                "SIGTERM must exit 0: {status}\n{}",
+                service.log()
+            );
             terms += 1;
         } else {
             service.sigkill();
@@ -432,8 +590,16 @@ struct Volume(PathBuf);
 impl Volume {
     fn mount(at: PathBuf, size: &str) -> Self {
         std::fs::create_dir_all(&at).expect("mount point");
-        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&at).output().expect("mount");
-        assert!(out.status.success(), "mount -t tmpfs (needs root / CAP_SYS_ADMIN): {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mount -t tmpfs (needs root / CAP_SYS_ADMIN): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Self(at)
     }
 
@@ -466,18 +632,37 @@ impl Drop for Volume {
 }
 
 fn free_bytes(path: &Path) -> u64 {
-    let out = Command::new("df").args(["--output=avail", "-B1"]).arg(path).output().expect("df");
-    String::from_utf8_lossy(&out.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0)
+    let out = Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn disk_full(leave: u64) {
-    let job = Job::new(if leave == 0 { "disk-full-proc" } else { "disk-full-chk" }, 2);
+    let job = Job::new(
+        if leave == 0 {
+            "disk-full-proc"
+        } else {
+            "disk-full-chk"
+        },
+        2,
+    );
     let vol = Volume::mount(job.dir.path().join("vol"), "48m");
     let chk = format!("file://{}", vol.0.join("checkpoints").display());
     job.write_config_with_storage("500ms", &chk, "");
     let text = std::fs::read_to_string(job.config_path()).expect("config");
     let state = job.dir.path().join("state").display().to_string();
-    std::fs::write(job.config_path(), text.replace(&state, &vol.0.join("state").display().to_string())).expect("config");
+    std::fs::write(
+        job.config_path(),
+        text.replace(&state, &vol.0.join("state").display().to_string()),
+    )
+    .expect("config");
     let evs = events(30_000, 5, 61);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_000)));
@@ -488,25 +673,43 @@ fn disk_full(leave: u64) {
     });
     let ballast = vol.fill(leave);
     let full_at = Instant::now();
-    wait_until("not ready while the disk is full", Duration::from_secs(120), || {
-        service.assert_running();
-        !ready(&job)
-    });
+    wait_until(
+        "not ready while the disk is full",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            !ready(&job)
+        },
+    );
     let not_ready_after = full_at.elapsed();
     let frozen = job.committed();
-    let attempts = |log: &str| log.matches("disk full: aborting").count() + log.matches("disk still full").count();
-    wait_until("several failed attempts while full", Duration::from_secs(120), || {
-        service.assert_running();
-        attempts(&service.log()) >= 4
-    });
+    let attempts = |log: &str| {
+        log.matches("disk full: aborting").count() + log.matches("disk still full").count()
+    };
+    wait_until(
+        "several failed attempts while full",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            attempts(&service.log()) >= 4
+        },
+    );
     assert!(!ready(&job), "still not ready while full");
-    assert_eq!(job.committed(), frozen, "nothing committed while the disk is full");
+    assert_eq!(
+        job.committed(),
+        frozen,
+        "nothing committed while the disk is full"
+    );
     std::fs::remove_file(&ballast).expect("free space");
     let freed = Instant::now();
-    wait_until("ready again once space returns", Duration::from_secs(120), || {
-        service.assert_running();
-        ready(&job)
-    });
+    wait_until(
+        "ready again once space returns",
+        Duration::from_secs(120),
+        || {
+            service.assert_running();
+            ready(&job)
+        },
+    );
     let ready_after = freed.elapsed();
     feeder.join().expect("feeder");
     wait_all_committed(&job, &mut service);
@@ -539,7 +742,10 @@ fn secrets_never_appear_in_logs_or_metrics() {
     let token = "ADMIN-tok-0d9e8b7a6c";
     for format in ["text", "json"] {
         let job = Job::new(&format!("secrets-{format}"), 2);
-        job.write_config("300ms", "[kafka.properties]\n\"sasl.username\" = \"battery-user\"\n");
+        job.write_config(
+            "300ms",
+            "[kafka.properties]\n\"sasl.username\" = \"battery-user\"\n",
+        );
         produce_all(&job.input, &events(500, 10, 71), None);
         let env = [
             ("STREAMSTATE__KAFKA__PROPERTIES__SASL.PASSWORD", password),
@@ -559,16 +765,23 @@ fn secrets_never_appear_in_logs_or_metrics() {
             .env("STREAMSTATE__CHECKPOINT__INTERVAL", "not-a-duration")
             .output()
             .expect("check-config");
-        let refused = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+        let refused = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
         assert!(!out.status.success());
         let log = service.log();
         for secret in [password, token] {
             assert!(!log.contains(secret), "{format} log leaks a secret:\n{log}");
             assert!(!metrics.contains(secret), "/metrics leaks a secret");
-            assert!(!refused.contains(secret), "check-config error leaks a secret: {refused}");
+            assert!(
+                !refused.contains(secret),
+                "check-config error leaks a secret: {refused}"
+            );
         }
         if format == "json" {
-            assert!(log.lines().filter(|l| l.starts_with('{')).count() > 3, "json log lines");
+            assert!(
+                log.lines().filter(|l| l.starts_with('{')).count() > 3,
+                "json log lines"
+            );
         }
     }
 }

@@ -39,14 +39,24 @@ fn broker_restart_mid_run_is_survived_without_duplicates_or_hanging_transactions
 static BROKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn broker_restart(storage: Storage, bounce: Bounce) {
-    let bounces: usize = std::env::var("STREAMSTATE_TEST_BROKER_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let _one_at_a_time = BROKER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bounces: usize = std::env::var("STREAMSTATE_TEST_BROKER_RESTARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let _one_at_a_time = BROKER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let job = Job::new("broker-restart", 4);
     let env = configure(&job, storage, "300ms");
     // The defaults' proportions (commit waits up to 40 s, transactions live 60 s): a broker
     // restart plus its transaction-coordinator load can take well over 15 s on 2 busy cores.
     let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"60s\"").replace("timeout = \"15s\"", "timeout = \"40s\"");
+    let config = config
+        .replace(
+            "transaction_timeout = \"30s\"",
+            "transaction_timeout = \"60s\"",
+        )
+        .replace("timeout = \"15s\"", "timeout = \"40s\"");
     std::fs::write(job.config_path(), config).expect("write config");
     let total = 6_000 + 6_000 * bounces;
     let evs = events(total, 5, 31);
@@ -67,31 +77,56 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
         service.assert_running();
         kafka_rig("start");
         // The service recovers by itself: commits move again before the next bounce.
-        wait_until(&format!("commits to move again after bounce {}", i + 1), Duration::from_secs(240), || {
-            service.assert_running();
-            job.committed() >= before + 1_000 || job.committed() >= total as i64
-        });
+        wait_until(
+            &format!("commits to move again after bounce {}", i + 1),
+            Duration::from_secs(240),
+            || {
+                service.assert_running();
+                job.committed() >= before + 1_000 || job.committed() >= total as i64
+            },
+        );
     }
-    eprintln!("broker {bounce:?} x{bounces}: recovered each time; {:?}", started.elapsed());
+    eprintln!(
+        "broker {bounce:?} x{bounces}: recovered each time; {:?}",
+        started.elapsed()
+    );
     feeder.join().expect("feeder");
     wait_all_committed(&job, &mut service);
     service.assert_running();
     let status = service.terminate(Duration::from_secs(60));
-    assert!(status.success(), "SIGTERM after the bounce must exit 0: {status}; log:\n{}", service.log());
+    assert!(
+        status.success(),
+        "SIGTERM after the bounce must exit 0: {status}; log:\n{}",
+        service.log()
+    );
 
     // A marker written after the run must be readable by a read_committed reader on every
     // output partition: an open (hanging) transaction would hold the LSO back.
     let p = producer();
     for partition in 0..job.partitions {
-        let record = rdkafka::producer::BaseRecord::<str, str>::to(&job.output).partition(partition).payload("marker");
+        let record = rdkafka::producer::BaseRecord::<str, str>::to(&job.output)
+            .partition(partition)
+            .payload("marker");
         p.send(record).map_err(|(e, _)| e).expect("queue marker");
     }
     flush(&p);
     let output = read_all(&job.output, true);
-    let markers = output.iter().filter(|r| r.value.as_deref() == Some(b"marker".as_slice())).count();
-    assert_eq!(markers, job.partitions as usize, "every partition's marker must be readable");
+    let markers = output
+        .iter()
+        .filter(|r| r.value.as_deref() == Some(b"marker".as_slice()))
+        .count();
+    assert_eq!(
+        markers, job.partitions as usize,
+        "every partition's marker must be readable"
+    );
     // The checker parses outputs as JSON: leave the markers out by checking before them.
     let (outputs, dead) = check_exactly_once_ignoring(&job, b"marker");
     assert_eq!(outputs + dead, total);
-    independent_check(&job, &CheckerOptions { ignore_value: Some("marker".into()), ..CheckerOptions::all() });
+    independent_check(
+        &job,
+        &CheckerOptions {
+            ignore_value: Some("marker".into()),
+            ..CheckerOptions::all()
+        },
+    );
 }

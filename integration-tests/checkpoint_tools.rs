@@ -16,7 +16,9 @@ use streamstate::checkpoint::{CheckpointRef, CheckpointStorage, FsStorage};
 use streamstate::tools::check_restore::{Verdict, check};
 use streamstate::tools::{EXIT_REFUSED, fetch};
 use streamstate_state::offline::RawSnapshot;
-use streamstate_state::{BackendKind, StateStore, StoreConfig, ValueStateDescriptor, key_group_for};
+use streamstate_state::{
+    BackendKind, StateStore, StoreConfig, ValueStateDescriptor, key_group_for,
+};
 
 struct Fixture {
     job: Job,
@@ -36,7 +38,12 @@ fn expected_counts(evs: &[(Option<String>, Vec<u8>)]) -> BTreeMap<String, u64> {
     m
 }
 
-fn run_count_job(job: &Job, env: &[(String, String)], n: usize, seed: u64) -> BTreeMap<String, u64> {
+fn run_count_job(
+    job: &Job,
+    env: &[(String, String)],
+    n: usize,
+    seed: u64,
+) -> BTreeMap<String, u64> {
     let evs = events(n, 0, seed);
     produce_all(&job.input, &evs, None);
     let mut s = spawn(job, env, &[("STREAMSTATE__STATE__MAX_PARALLELISM", "128")]);
@@ -55,22 +62,44 @@ fn fixture() -> &'static Fixture {
         let (code, out, err) = tool(&job.config_path(), &["list", "--json"], &[]);
         assert_eq!(code, 0, "{err}");
         let rows: Vec<Value> = serde_json::from_str(&out).expect("list json");
-        let checkpoint = rows.iter().rev().find(|r| r["completed"] == true).expect("a completed checkpoint")["name"].as_str().unwrap().to_string();
-        Fixture { job, expected, checkpoint }
+        let checkpoint = rows
+            .iter()
+            .rev()
+            .find(|r| r["completed"] == true)
+            .expect("a completed checkpoint")["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        Fixture {
+            job,
+            expected,
+            checkpoint,
+        }
     })
 }
 
 /// `streamstate checkpoints --config <config> <args…>`: (exit code, stdout, stderr).
 fn tool(config: &Path, args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
     let mut cmd = Command::new(BIN);
-    cmd.arg("checkpoints").arg("--config").arg(config).args(args);
+    cmd.arg("checkpoints")
+        .arg("--config")
+        .arg(config)
+        .args(args);
     run(cmd, env)
 }
 
 fn check_restore(config: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(BIN);
-    cmd.arg("check-restore").arg("--config").arg(config).args(args);
-    run(cmd, &env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>())
+    cmd.arg("check-restore")
+        .arg("--config")
+        .arg(config)
+        .args(args);
+    run(
+        cmd,
+        &env.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>(),
+    )
 }
 
 fn run(mut cmd: Command, env: &[(String, String)]) -> (i32, String, String) {
@@ -78,16 +107,26 @@ fn run(mut cmd: Command, env: &[(String, String)]) -> (i32, String, String) {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("run streamstate");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).expect("export").lines().map(|l| serde_json::from_str(l).expect("json line")).collect()
+    std::fs::read_to_string(path)
+        .expect("export")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
 }
 
 /// Per-key counts of a restored store.
 fn counts(store: &StateStore, keys: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
-    let count = store.value_state(&ValueStateDescriptor::<u64>::new("count")).expect("count state");
+    let count = store
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .expect("count state");
     let range = store.key_group_range();
     let mut out = BTreeMap::new();
     for k in keys {
@@ -109,17 +148,26 @@ fn user_keys() -> impl Iterator<Item = String> {
 /// Restores the checkpoint through the library, as the runtime does.
 fn restore_checkpoint(f: &Fixture, work: &Path) -> StateStore {
     let storage = FsStorage::open(&f.job.checkpoint_dir(), &f.job.app_id, 0).expect("storage");
-    let m = storage.read_manifest(&CheckpointRef::parse(&f.checkpoint).expect("name")).expect("manifest");
+    let m = storage
+        .read_manifest(&CheckpointRef::parse(&f.checkpoint).expect("name"))
+        .expect("manifest");
     let files = work.join("files");
     storage.fetch(&m, &files).expect("fetch");
-    let store = StateStore::open(StoreConfig::new(BackendKind::Rocksdb, work.join("state"), m.state.max_parallelism)).expect("open");
+    let store = StateStore::open(StoreConfig::new(
+        BackendKind::Rocksdb,
+        work.join("state"),
+        m.state.max_parallelism,
+    ))
+    .expect("open");
     store.restore(&[(files, m.state)]).expect("restore");
     store
 }
 
 fn restore_savepoint(dir: &Path, config: StoreConfig) -> StateStore {
     let store = StateStore::open(config).expect("open");
-    store.restore_savepoint(&[dir.to_path_buf()]).expect("restore savepoint");
+    store
+        .restore_savepoint(&[dir.to_path_buf()])
+        .expect("restore savepoint");
     store
 }
 
@@ -129,16 +177,32 @@ fn list_inspect_and_verify_real_checkpoints() {
     let config = f.job.config_path();
     let (code, out, _) = tool(&config, &["list"], &[]);
     assert_eq!(code, 0);
-    assert!(out.contains("COMPLETED") && out.contains(&f.checkpoint.split('-').nth(2).unwrap().to_string()), "{out}");
+    assert!(
+        out.contains("COMPLETED")
+            && out.contains(&f.checkpoint.split('-').nth(2).unwrap().to_string()),
+        "{out}"
+    );
     let (code, out, err) = tool(&config, &["inspect", &f.checkpoint], &[]);
     assert_eq!(code, 0, "{err}");
     let r: Value = serde_json::from_str(&out).expect("inspect json");
     assert_eq!(r["snapshot"]["max_parallelism"], 128);
-    assert_eq!(r["snapshot"]["key_group_range"], serde_json::json!({"start": 0, "end": 127}));
+    assert_eq!(
+        r["snapshot"]["key_group_range"],
+        serde_json::json!({"start": 0, "end": 127})
+    );
     assert_eq!(r["states"]["count"]["entries"], f.expected.len() as u64);
     assert_eq!(r["states"]["count"]["schema"]["value_type"], "u64");
-    let next: i64 = r["offsets"].as_array().unwrap().iter().map(|o| o["offset"].as_i64().unwrap()).sum();
-    assert_eq!(next, f.job.input_end(), "the final checkpoint's offsets are the end of the input");
+    let next: i64 = r["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["offset"].as_i64().unwrap())
+        .sum();
+    assert_eq!(
+        next,
+        f.job.input_end(),
+        "the final checkpoint's offsets are the end of the input"
+    );
     // A bare id resolves too.
     let id = f.checkpoint.split('-').nth(1).unwrap();
     let (code, out, err) = tool(&config, &["verify", id], &[]);
@@ -165,7 +229,10 @@ fn storage_copy(f: &Fixture, name: &str) -> (tempfile::TempDir, PathBuf, PathBuf
     let copy = dir.path().join(name);
     copy_dir(&f.job.checkpoint_dir(), &copy);
     let text = std::fs::read_to_string(f.job.config_path()).unwrap();
-    let text = text.replace(&f.job.checkpoint_dir().display().to_string(), &copy.display().to_string());
+    let text = text.replace(
+        &f.job.checkpoint_dir().display().to_string(),
+        &copy.display().to_string(),
+    );
     let config = dir.path().join("copy.toml");
     std::fs::write(&config, text).unwrap();
     let chk_dir = copy.join(&f.job.app_id).join("instance-0");
@@ -176,10 +243,17 @@ fn storage_copy(f: &Fixture, name: &str) -> (tempfile::TempDir, PathBuf, PathBuf
 fn verify_names_a_flipped_byte_and_a_missing_file() {
     let f = fixture();
     let storage = FsStorage::open(&f.job.checkpoint_dir(), &f.job.app_id, 0).unwrap();
-    let m = storage.read_manifest(&CheckpointRef::parse(&f.checkpoint).unwrap()).unwrap();
+    let m = storage
+        .read_manifest(&CheckpointRef::parse(&f.checkpoint).unwrap())
+        .unwrap();
 
     // A flipped byte in a shared (SST) file, stored under its SHA-256.
-    let sst = m.state.files.iter().find(|x| x.path.ends_with(".sst")).expect("an SST in a rocksdb checkpoint");
+    let sst = m
+        .state
+        .files
+        .iter()
+        .find(|x| x.path.ends_with(".sst"))
+        .expect("an SST in a rocksdb checkpoint");
     let (_keep, config, root) = storage_copy(f, "flipped");
     let stored = root.join("shared").join(&sst.sha256);
     let mut bytes = std::fs::read(&stored).unwrap();
@@ -188,7 +262,10 @@ fn verify_names_a_flipped_byte_and_a_missing_file() {
     std::fs::write(&stored, bytes).unwrap();
     let (code, out, err) = tool(&config, &["verify", &f.checkpoint], &[]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}{err}");
-    assert!(out.contains(&sst.path) && out.contains("SHA-256"), "names the file: {out}");
+    assert!(
+        out.contains(&sst.path) && out.contains("SHA-256"),
+        "names the file: {out}"
+    );
     assert!(err.contains(&sst.path), "{err}");
     // The tools refuse to read it too, naming it.
     let (code, _, err) = tool(&config, &["export", &f.checkpoint], &[]);
@@ -201,7 +278,10 @@ fn verify_names_a_flipped_byte_and_a_missing_file() {
     std::fs::remove_file(&gone).unwrap();
     let (code, out, err) = tool(&config, &["verify", &f.checkpoint], &[]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}{err}");
-    assert!(out.contains("state-meta.json") && out.contains("missing"), "{out}");
+    assert!(
+        out.contains("state-meta.json") && out.contains("missing"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -210,21 +290,54 @@ fn export_import_round_trip_equals_the_source() {
     let config = f.job.config_path();
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.jsonl");
-    let (code, _, err) = tool(&config, &["export", &f.checkpoint, "--format", "jsonl", "--out", a.to_str().unwrap()], &[]);
+    let (code, _, err) = tool(
+        &config,
+        &[
+            "export",
+            &f.checkpoint,
+            "--format",
+            "jsonl",
+            "--out",
+            a.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{err}");
     let sp = dir.path().join("savepoint");
-    let (code, out, err) = tool(&config, &["import", a.to_str().unwrap(), "--savepoint-dir", sp.to_str().unwrap()], &[]);
+    let (code, out, err) = tool(
+        &config,
+        &[
+            "import",
+            a.to_str().unwrap(),
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let b = dir.path().join("b.jsonl");
-    let (code, _, err) = tool(&config, &["export", sp.to_str().unwrap(), "--out", b.to_str().unwrap()], &[]);
+    let (code, _, err) = tool(
+        &config,
+        &["export", sp.to_str().unwrap(), "--out", b.to_str().unwrap()],
+        &[],
+    );
     assert_eq!(code, 0, "{err}");
     let (la, lb) = (lines(&a), lines(&b));
     assert_eq!(la.len(), f.expected.len() + 1, "header + one line per key");
     assert_eq!(la[1..], lb[1..], "every entry identical");
-    for field in ["states", "max_parallelism", "key_group_range", "operator_lists", "broadcast"] {
+    for field in [
+        "states",
+        "max_parallelism",
+        "key_group_range",
+        "operator_lists",
+        "broadcast",
+    ] {
         assert_eq!(la[0][field], lb[0][field], "{field}");
     }
-    assert_eq!(la[0]["origin"]["offsets"], lb[0]["origin"]["offsets"], "the savepoint carries the checkpoint's offsets");
+    assert_eq!(
+        la[0]["origin"]["offsets"], lb[0]["origin"]["offsets"],
+        "the savepoint carries the checkpoint's offsets"
+    );
     // Typed values from the count job's codec.
     let user = f.expected.keys().next().unwrap();
     let line = la.iter().find(|l| l["key"] == user.as_str()).unwrap();
@@ -232,7 +345,13 @@ fn export_import_round_trip_equals_the_source() {
     assert_eq!(line["state"], "count");
     // Restored, both hold exactly the model's per-key state.
     let from_checkpoint = counts(&restore_checkpoint(f, &dir.path().join("c")), user_keys());
-    let from_savepoint = counts(&restore_savepoint(&sp, StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128)), user_keys());
+    let from_savepoint = counts(
+        &restore_savepoint(
+            &sp,
+            StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128),
+        ),
+        user_keys(),
+    );
     assert_eq!(from_checkpoint, f.expected);
     assert_eq!(from_savepoint, f.expected);
 }
@@ -242,14 +361,29 @@ fn rekey_128_to_256_then_two_instances_hold_exactly_the_same_state() {
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let sp = dir.path().join("rekeyed");
-    let (code, out, err) =
-        tool(&f.job.config_path(), &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "rekey", "--max-parallelism", "256"], &[]);
+    let (code, out, err) = tool(
+        &f.job.config_path(),
+        &[
+            "surgery",
+            &f.checkpoint,
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+            "rekey",
+            "--max-parallelism",
+            "256",
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(report["max_parallelism"], serde_json::json!({"from": 128, "to": 256}));
+    assert_eq!(
+        report["max_parallelism"],
+        serde_json::json!({"from": 128, "to": 256})
+    );
     let mut union = BTreeMap::new();
     for i in 0..2 {
-        let config = StoreConfig::new(BackendKind::Rocksdb, dir.path().join(format!("i{i}")), 256).for_instance(i, 2);
+        let config = StoreConfig::new(BackendKind::Rocksdb, dir.path().join(format!("i{i}")), 256)
+            .for_instance(i, 2);
         let store = restore_savepoint(&sp, config);
         let part = counts(&store, user_keys());
         assert!(!part.is_empty(), "instance {i} owns some keys");
@@ -270,18 +404,63 @@ fn delete_key_removes_the_key_from_every_state_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let victim = f.expected.keys().nth(3).unwrap().clone();
     let sp = dir.path().join("forgotten");
-    let (code, out, err) = tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "delete-key", &victim], &[]);
+    let (code, out, err) = tool(
+        &config,
+        &[
+            "surgery",
+            &f.checkpoint,
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+            "delete-key",
+            &victim,
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["total_removed"], 1, "{report}");
     assert_eq!(report["removed"][0]["state"], "count");
-    let (before, after) = (dir.path().join("before.jsonl"), dir.path().join("after.jsonl"));
-    assert_eq!(tool(&config, &["export", &f.checkpoint, "--out", before.to_str().unwrap()], &[]).0, 0);
-    assert_eq!(tool(&config, &["export", sp.to_str().unwrap(), "--out", after.to_str().unwrap()], &[]).0, 0);
-    let kept: Vec<Value> = lines(&before)[1..].iter().filter(|l| l["key"] != victim.as_str()).cloned().collect();
+    let (before, after) = (
+        dir.path().join("before.jsonl"),
+        dir.path().join("after.jsonl"),
+    );
+    assert_eq!(
+        tool(
+            &config,
+            &["export", &f.checkpoint, "--out", before.to_str().unwrap()],
+            &[]
+        )
+        .0,
+        0
+    );
+    assert_eq!(
+        tool(
+            &config,
+            &[
+                "export",
+                sp.to_str().unwrap(),
+                "--out",
+                after.to_str().unwrap()
+            ],
+            &[]
+        )
+        .0,
+        0
+    );
+    let kept: Vec<Value> = lines(&before)[1..]
+        .iter()
+        .filter(|l| l["key"] != victim.as_str())
+        .cloned()
+        .collect();
     assert_eq!(kept.len(), f.expected.len() - 1);
     assert_eq!(lines(&after)[1..], kept[..]);
-    let restored = counts(&restore_savepoint(&sp, StoreConfig::new(BackendKind::Hashmap, dir.path().join("s"), 128)), user_keys());
+    let restored = counts(
+        &restore_savepoint(
+            &sp,
+            StoreConfig::new(BackendKind::Hashmap, dir.path().join("s"), 128),
+        ),
+        user_keys(),
+    );
     let mut model = f.expected.clone();
     model.remove(&victim);
     assert_eq!(restored, model);
@@ -293,34 +472,76 @@ fn check_restore_cli_keeps_refuses_drops_and_checks_key_groups() {
     let config = f.job.config_path();
     let (code, out, err) = check_restore(&config, &["--from", &f.checkpoint], &[]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("keep") && out.contains("count") && out.contains("would succeed"), "{out}");
+    assert!(
+        out.contains("keep") && out.contains("count") && out.contains("would succeed"),
+        "{out}"
+    );
     // The job no longer declares "count" (the rule engine has no keyed state yet).
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.toml");
-    std::fs::write(&rules, std::fs::read_to_string(&config).unwrap().replace(r#"function = "count""#, r#"function = "rules""#)).unwrap();
+    std::fs::write(
+        &rules,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace(r#"function = "count""#, r#"function = "rules""#),
+    )
+    .unwrap();
     let (code, out, err) = check_restore(&rules, &["--from", &f.checkpoint], &[]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}{err}");
-    assert!(out.contains("fail") && out.contains("count") && err.contains("count"), "{out}{err}");
+    assert!(
+        out.contains("fail") && out.contains("count") && err.contains("count"),
+        "{out}{err}"
+    );
     let (code, out, _) = check_restore(&rules, &["--from", &f.checkpoint, "--allow-drop"], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("drop"), "{out}");
     // A different key-group count than the snapshot's.
-    let (code, out, _) = check_restore(&config, &["--from", &f.checkpoint], &[("STREAMSTATE__STATE__MAX_PARALLELISM", "256")]);
+    let (code, out, _) = check_restore(
+        &config,
+        &["--from", &f.checkpoint],
+        &[("STREAMSTATE__STATE__MAX_PARALLELISM", "256")],
+    );
     assert_eq!(code, EXIT_REFUSED as i32, "{out}");
-    assert!(out.contains("<key groups>") && out.contains("rekey"), "{out}");
+    assert!(
+        out.contains("<key groups>") && out.contains("rekey"),
+        "{out}"
+    );
     // `latest` (what the Helm hook uses); no checkpoint at all is a first start.
     let (code, out, _) = check_restore(&config, &["--from", "latest"], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains(&f.checkpoint), "{out}");
     let empty = dir.path().join("empty.toml");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&empty, text.replace(&f.job.checkpoint_dir().display().to_string(), &dir.path().join("none").display().to_string())).unwrap();
+    std::fs::write(
+        &empty,
+        text.replace(
+            &f.job.checkpoint_dir().display().to_string(),
+            &dir.path().join("none").display().to_string(),
+        ),
+    )
+    .unwrap();
     let (code, out, err) = check_restore(&empty, &["--from", "latest"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("first start"), "{out}");
     // JSON, and savepoint directories work as sources.
     let sp = dir.path().join("sp");
-    assert_eq!(tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "rename-state", "count", "n"], &[]).0, 0);
+    assert_eq!(
+        tool(
+            &config,
+            &[
+                "surgery",
+                &f.checkpoint,
+                "--savepoint-dir",
+                sp.to_str().unwrap(),
+                "rename-state",
+                "count",
+                "n"
+            ],
+            &[]
+        )
+        .0,
+        0
+    );
     let (code, out, _) = check_restore(&config, &["--from", sp.to_str().unwrap(), "--json"], &[]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}");
     let r: Value = serde_json::from_str(&out).unwrap();
@@ -340,11 +561,21 @@ fn check_restore_schema_changes_then_the_migrated_restore_succeeds() {
     let fetched = fetch(&config, &f.checkpoint, true).unwrap();
     let meta = RawSnapshot::read_meta(&fetched.dir).unwrap();
     let verdict = |declared: &[streamstate_state::StateDeclaration]| {
-        check(&meta.states, meta.max_parallelism, declared, None, false).into_iter().map(|l| (l.name, l.verdict, l.reason)).collect::<Vec<_>>()
+        check(&meta.states, meta.max_parallelism, declared, None, false)
+            .into_iter()
+            .map(|l| (l.name, l.verdict, l.reason))
+            .collect::<Vec<_>>()
     };
     // Unchanged, plus a new state: keep + new.
-    let v = verdict(&[ValueStateDescriptor::<u64>::new("count").declaration(), ValueStateDescriptor::<String>::new("last").declaration()]);
-    assert!(v.iter().any(|l| l.0 == "count" && l.1 == Verdict::Keep) && v.iter().any(|l| l.0 == "last" && l.1 == Verdict::New), "{v:?}");
+    let v = verdict(&[
+        ValueStateDescriptor::<u64>::new("count").declaration(),
+        ValueStateDescriptor::<String>::new("last").declaration(),
+    ]);
+    assert!(
+        v.iter().any(|l| l.0 == "count" && l.1 == Verdict::Keep)
+            && v.iter().any(|l| l.0 == "last" && l.1 == Verdict::New),
+        "{v:?}"
+    );
     // Incompatible: refused, naming the state.
     let v = verdict(&[ValueStateDescriptor::<String>::new("count").declaration()]);
     let bad = v.iter().find(|l| l.1 == Verdict::Fail).expect("refused");
@@ -352,22 +583,40 @@ fn check_restore_schema_changes_then_the_migrated_restore_succeeds() {
     // Added field with a default: migrate.
     let v2 = || {
         let mut d = ValueStateDescriptor::<CountV2>::new("count").with_schema_version(2);
-        d.schema = d.schema.with_serde_migration::<u64, CountV2>(1, |n| CountV2 { n, first_seen_ms: None });
+        d.schema = d
+            .schema
+            .with_serde_migration::<u64, CountV2>(1, |n| CountV2 {
+                n,
+                first_seen_ms: None,
+            });
         d
     };
     let v = verdict(&[v2().declaration()]);
-    assert!(v.iter().any(|l| l.0 == "count" && l.1 == Verdict::Migrate), "{v:?}");
+    assert!(
+        v.iter().any(|l| l.0 == "count" && l.1 == Verdict::Migrate),
+        "{v:?}"
+    );
     // …and the restore then succeeds with the migrated values.
     let dir = tempfile::tempdir().unwrap();
     let store = restore_checkpoint(f, dir.path());
     let count = store.value_state(&v2()).expect("migrating registration");
     for (k, n) in &f.expected {
         store.set_current_key(k.as_bytes()).unwrap();
-        assert_eq!(count.value().unwrap(), Some(CountV2 { n: *n, first_seen_ms: None }));
+        assert_eq!(
+            count.value().unwrap(),
+            Some(CountV2 {
+                n: *n,
+                first_seen_ms: None
+            })
+        );
     }
     // The incompatible one fails at registration too, as check-restore said.
     let store = restore_checkpoint(f, &dir.path().join("again"));
-    let err = store.value_state(&ValueStateDescriptor::<String>::new("count")).err().expect("refused").to_string();
+    let err = store
+        .value_state(&ValueStateDescriptor::<String>::new("count"))
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("'count'"), "{err}");
 }
 
@@ -380,19 +629,56 @@ fn tools_work_on_s3_storage() {
     let (code, out, err) = tool(&config, &["list", "--json"], &env);
     assert_eq!(code, 0, "{err}");
     let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
-    let name = rows.iter().rev().find(|r| r["completed"] == true).expect("completed")["name"].as_str().unwrap().to_string();
+    let name = rows
+        .iter()
+        .rev()
+        .find(|r| r["completed"] == true)
+        .expect("completed")["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (code, out, err) = tool(&config, &["verify", &name], &env);
     assert_eq!(code, 0, "{out}{err}");
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.jsonl");
-    assert_eq!(tool(&config, &["export", &name, "--out", a.to_str().unwrap()], &env).0, 0);
-    let exported: BTreeMap<String, u64> =
-        lines(&a)[1..].iter().map(|l| (l["key"].as_str().unwrap().to_string(), l["value"].as_u64().unwrap())).collect();
+    assert_eq!(
+        tool(
+            &config,
+            &["export", &name, "--out", a.to_str().unwrap()],
+            &env
+        )
+        .0,
+        0
+    );
+    let exported: BTreeMap<String, u64> = lines(&a)[1..]
+        .iter()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap().to_string(),
+                l["value"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     assert_eq!(exported, expected);
     let sp = dir.path().join("sp");
-    let (code, out, err) = tool(&config, &["import", a.to_str().unwrap(), "--savepoint-dir", sp.to_str().unwrap()], &env);
+    let (code, out, err) = tool(
+        &config,
+        &[
+            "import",
+            a.to_str().unwrap(),
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+        ],
+        &env,
+    );
     assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = check_restore(&config, &["--from", &name], &env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>());
+    let (code, out, err) = check_restore(
+        &config,
+        &["--from", &name],
+        &env.iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect::<Vec<_>>(),
+    );
     assert_eq!(code, 0, "{out}{err}");
 }
 
@@ -403,31 +689,77 @@ fn add_ttl_and_drop_state_on_a_real_checkpoint_then_check_restore_judges_them() 
     let dir = tempfile::tempdir().unwrap();
     // add-ttl: entries get a last access of now and expire an hour later.
     let sp = dir.path().join("ttl");
-    let (code, out, err) = tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "add-ttl", "count", "--ttl", "1h"], &[]);
+    let (code, out, err) = tool(
+        &config,
+        &[
+            "surgery",
+            &f.checkpoint,
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+            "add-ttl",
+            "count",
+            "--ttl",
+            "1h",
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["entries"], f.expected.len() as u64);
     let exported = dir.path().join("ttl.jsonl");
-    assert_eq!(tool(&config, &["export", sp.to_str().unwrap(), "--out", exported.to_str().unwrap()], &[]).0, 0);
+    assert_eq!(
+        tool(
+            &config,
+            &[
+                "export",
+                sp.to_str().unwrap(),
+                "--out",
+                exported.to_str().unwrap()
+            ],
+            &[]
+        )
+        .0,
+        0
+    );
     let l = lines(&exported);
-    assert!(l[1..].iter().all(|e| e["ttl_expires_at_ms"].as_u64() == Some(e["ttl_last_access_ms"].as_u64().unwrap() + 3_600_000)));
+    assert!(l[1..].iter().all(|e| e["ttl_expires_at_ms"].as_u64()
+        == Some(e["ttl_last_access_ms"].as_u64().unwrap() + 3_600_000)));
     // The count job declares no TTL: check-restore refuses, naming the state and the reason.
     let (code, out, _) = check_restore(&config, &["--from", sp.to_str().unwrap()], &[]);
     assert_eq!(code, EXIT_REFUSED as i32, "{out}");
     assert!(out.contains("count") && out.contains("TTL"), "{out}");
     // A job that declares the TTL reads every value.
-    let store = restore_savepoint(&sp, StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128));
+    let store = restore_savepoint(
+        &sp,
+        StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128),
+    );
     let ttl = streamstate_state::TtlConfig::new(Duration::from_secs(3600));
-    let count = store.value_state(&ValueStateDescriptor::<u64>::new("count").with_ttl(ttl)).expect("count with TTL");
+    let count = store
+        .value_state(&ValueStateDescriptor::<u64>::new("count").with_ttl(ttl))
+        .expect("count with TTL");
     for (k, n) in &f.expected {
         store.set_current_key(k.as_bytes()).unwrap();
         assert_eq!(count.value().unwrap(), Some(*n));
     }
     // drop-state: the job's state is new (empty) again, which restores fine.
     let sp = dir.path().join("dropped");
-    let (code, out, err) = tool(&config, &["surgery", &f.checkpoint, "--savepoint-dir", sp.to_str().unwrap(), "drop-state", "count"], &[]);
+    let (code, out, err) = tool(
+        &config,
+        &[
+            "surgery",
+            &f.checkpoint,
+            "--savepoint-dir",
+            sp.to_str().unwrap(),
+            "drop-state",
+            "count",
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["entries_removed"], f.expected.len() as u64);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["entries_removed"],
+        f.expected.len() as u64
+    );
     let (code, out, _) = check_restore(&config, &["--from", sp.to_str().unwrap()], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("new") && out.contains("starts empty"), "{out}");

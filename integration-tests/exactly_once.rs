@@ -15,7 +15,11 @@ const SIGABRT: i32 = 6;
 
 /// Five crash/restart cycles at `failpoint`, each after `skip` harmless hits, with new
 /// input before each; then a clean run finishes the input and the checker runs.
-fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32) {
+fn crash_five_times_at(
+    storage: Storage,
+    failpoint: &str,
+    skip: impl Fn(&mut rand::rngs::ThreadRng) -> u32,
+) {
     let job = Job::new(&format!("fp-{failpoint}"), 4);
     let env = configure(&job, storage, "300ms");
     let mut rng = rand::rng();
@@ -40,15 +44,30 @@ fn crash_five_times_at(storage: Storage, failpoint: &str, skip: impl Fn(&mut ran
         let spec = format!("{failpoint}={}*off->return", skip(&mut rng));
         let mut service = spawn(&job, &env, &[("FAILPOINTS", spec.as_str())]);
         let status = service.wait_exit(Duration::from_secs(90));
-        assert_eq!(status.signal(), Some(SIGABRT), "run {run}: expected a crash at {spec}, got {status}; log:\n{}", service.log());
-        assert!(service.log().contains(&format!("failpoint {failpoint}: crashing")), "run {run}: {}", service.log());
+        assert_eq!(
+            status.signal(),
+            Some(SIGABRT),
+            "run {run}: expected a crash at {spec}, got {status}; log:\n{}",
+            service.log()
+        );
+        assert!(
+            service
+                .log()
+                .contains(&format!("failpoint {failpoint}: crashing")),
+            "run {run}: {}",
+            service.log()
+        );
     }
     let mut service = spawn(&job, &env, &[]);
     wait_all_committed(&job, &mut service);
     check_rules(&job, &mut service);
     service.sigkill();
     let (outputs, dead) = check_exactly_once(&job);
-    assert_eq!(outputs + dead, produced, "every input is an output or a dead letter");
+    assert_eq!(
+        outputs + dead,
+        produced,
+        "every input is an output or a dead letter"
+    );
 }
 
 /// One test per failpoint and storage, named for the step the process dies at.
@@ -87,7 +106,10 @@ fn random_sigkills_under_continuous_input_keep_exactly_once_on_s3_storage() {
 }
 
 fn random_sigkills(storage: Storage) {
-    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let job = Job::new("random-kill", 4);
     let env = configure(&job, storage, "250ms");
     let total = 800 * kills.max(5);
@@ -113,7 +135,10 @@ fn random_sigkills(storage: Storage) {
     service.sigkill();
     let (outputs, _) = check_exactly_once(&job);
     independent_check(&job, &CheckerOptions::all());
-    eprintln!("random kills: {kills} SIGKILLs in {:?}, {outputs} outputs checked", started.elapsed());
+    eprintln!(
+        "random kills: {kills} SIGKILLs in {:?}, {outputs} outputs checked",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -131,44 +156,78 @@ fn zombie_is_fenced_writes_nothing_more_and_exits_on_s3_storage() {
 static ZOMBIES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn zombie(storage: Storage) {
-    let _one_at_a_time = ZOMBIES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one_at_a_time = ZOMBIES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let job = Job::new("zombie", 4);
     // A short transaction timeout so pausing "past" it stays quick.
     let env = configure(&job, storage, "300ms");
     let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"20s\"").replace("timeout = \"15s\"", "timeout = \"12s\"");
+    let config = config
+        .replace(
+            "transaction_timeout = \"30s\"",
+            "transaction_timeout = \"20s\"",
+        )
+        .replace("timeout = \"15s\"", "timeout = \"12s\"");
     std::fs::write(job.config_path(), config).expect("write config");
     let evs = events(12_000, 0, 11);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_000)));
     let mut zombie = spawn(&job, &env, &[]);
-    wait_until("the first instance to commit", Duration::from_secs(120), || {
-        zombie.assert_running();
-        job.committed() >= 2_000
-    });
+    wait_until(
+        "the first instance to commit",
+        Duration::from_secs(120),
+        || {
+            zombie.assert_running();
+            job.committed() >= 2_000
+        },
+    );
     zombie.signal("STOP");
     let paused = Instant::now();
     // The scenario: the instance stays paused past its transaction timeout (20 s).
-    wait_until("the transaction timeout to pass", Duration::from_secs(40), || paused.elapsed() > Duration::from_secs(21));
+    wait_until(
+        "the transaction timeout to pass",
+        Duration::from_secs(40),
+        || paused.elapsed() > Duration::from_secs(21),
+    );
     let replacement_config = job.write_replacement_config();
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut replacement = Service::spawn(&replacement_config, &job.dir.path().join("replacement.log"), &[], &env_refs);
+    let mut replacement = Service::spawn(
+        &replacement_config,
+        &job.dir.path().join("replacement.log"),
+        &[],
+        &env_refs,
+    );
     // Progress as the replacement reports it: records consumed and checkpoints committed.
     let progressed = || {
-        let Ok((200, text)) = http("GET", replacement_admin(&replacement_config), "/metrics") else { return false };
+        let Ok((200, text)) = http("GET", replacement_admin(&replacement_config), "/metrics")
+        else {
+            return false;
+        };
         metric_sum(&text, "streamstate_records_consumed_total") >= 1_000.0
             && metric_sum(&text, "streamstate_checkpoints_completed_total") >= 2.0
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     while !progressed() {
         replacement.assert_running();
-        assert!(Instant::now() < deadline, "the replacement made no progress in 90 s; its log:\n{}", replacement.log());
+        assert!(
+            Instant::now() < deadline,
+            "the replacement made no progress in 90 s; its log:\n{}",
+            replacement.log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     zombie.signal("CONT");
     let status = zombie.wait_exit(Duration::from_secs(60));
-    assert!(!status.success(), "the zombie must end with an error, got {status}");
-    assert!(zombie.log().contains("fenced"), "the zombie must say it was fenced; log:\n{}", zombie.log());
+    assert!(
+        !status.success(),
+        "the zombie must end with an error, got {status}"
+    );
+    assert!(
+        zombie.log().contains("fenced"),
+        "the zombie must say it was fenced; log:\n{}",
+        zombie.log()
+    );
     feeder.join().expect("feeder");
     wait_all_committed(&job, &mut replacement);
     replacement.sigkill();
@@ -191,7 +250,12 @@ fn broken_committed_checkpoint_is_named_and_older_one_restores_only_when_allowed
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("chk-"))
         .collect();
-    names.sort_by_key(|n| n.trim_start_matches("chk-").split('-').next().and_then(|id| id.parse::<u64>().ok()));
+    names.sort_by_key(|n| {
+        n.trim_start_matches("chk-")
+            .split('-')
+            .next()
+            .and_then(|id| id.parse::<u64>().ok())
+    });
     let newest = names.last().expect("a checkpoint").clone();
     assert!(names.len() >= 2, "need an older checkpoint too: {names:?}");
     let victim = root.join(&newest).join("state-meta.json");
@@ -201,21 +265,37 @@ fn broken_committed_checkpoint_is_named_and_older_one_restores_only_when_allowed
 
     let mut refused = job.spawn();
     let status = refused.wait_exit(Duration::from_secs(60));
-    assert!(!status.success(), "a broken committed checkpoint must stop the start");
+    assert!(
+        !status.success(),
+        "a broken committed checkpoint must stop the start"
+    );
     let log = refused.log();
-    assert!(log.contains(&newest) && log.contains("state-meta.json"), "the error must name checkpoint and file:\n{log}");
+    assert!(
+        log.contains(&newest) && log.contains("state-meta.json"),
+        "the error must name checkpoint and file:\n{log}"
+    );
 
     let mut fallback = job.spawn_with(&["--allow-older-checkpoint"], &[]);
-    wait_until("the fallback to restore and run", Duration::from_secs(60), || {
-        fallback.assert_running();
-        fallback.log().contains("AT-LEAST-ONCE")
-    });
+    wait_until(
+        "the fallback to restore and run",
+        Duration::from_secs(60),
+        || {
+            fallback.assert_running();
+            fallback.log().contains("AT-LEAST-ONCE")
+        },
+    );
     fallback.sigkill();
 }
 
 /// The admin address in a config file written by `write_replacement_config`.
 fn replacement_admin(config: &std::path::Path) -> std::net::SocketAddr {
     let text = std::fs::read_to_string(config).expect("config");
-    let line = text.lines().find(|l| l.starts_with("listen = ")).expect("admin.listen");
-    line.trim_start_matches("listen = ").trim_matches('"').parse().expect("admin address")
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("listen = "))
+        .expect("admin.listen");
+    line.trim_start_matches("listen = ")
+        .trim_matches('"')
+        .parse()
+        .expect("admin address")
 }

@@ -16,7 +16,10 @@ fn actions(n: usize, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
         .map(|i| {
             let user = format!("user-{}", rng.random_range(0..50));
             let action = kinds[rng.random_range(0..kinds.len())];
-            (Some(user.clone()), format!(r#"{{"user_id":"{user}","action":"{action}","seq":{i}}}"#).into_bytes())
+            (
+                Some(user.clone()),
+                format!(r#"{{"user_id":"{user}","action":"{action}","seq":{i}}}"#).into_bytes(),
+            )
         })
         .collect()
 }
@@ -28,8 +31,14 @@ fn pattern_detector_emits_each_login_then_pay_once_across_a_crash() {
     produce_rules(
         &job.control,
         &[
-            ("login-pay".into(), Some(r#"{"id":"login-pay","version":1,"first":"login","second":"pay"}"#.into())),
-            ("broken".into(), Some(r#"{"id":"broken","version":1,"first":"login"}"#.into())),
+            (
+                "login-pay".into(),
+                Some(r#"{"id":"login-pay","version":1,"first":"login","second":"pay"}"#.into()),
+            ),
+            (
+                "broken".into(),
+                Some(r#"{"id":"broken","version":1,"first":"login"}"#.into()),
+            ),
         ],
     );
     let input = actions(3_000, 7);
@@ -52,13 +61,20 @@ fn pattern_detector_emits_each_login_then_pay_once_across_a_crash() {
     let mut expected = BTreeSet::new();
     for r in &records {
         let v = r.json();
-        let (user, action) = (v["user_id"].as_str().expect("user").to_string(), v["action"].as_str().expect("action"));
+        let (user, action) = (
+            v["user_id"].as_str().expect("user").to_string(),
+            v["action"].as_str().expect("action"),
+        );
         if previous.get(&user).map(String::as_str) == Some("login") && action == "pay" {
             expected.insert((r.partition, r.offset, user.clone()));
         }
         previous.insert(user, action.to_string());
     }
-    assert!(expected.len() > 50, "the input must contain the pattern often ({})", expected.len());
+    assert!(
+        expected.len() > 50,
+        "the input must contain the pattern often ({})",
+        expected.len()
+    );
     let mut seen = BTreeSet::new();
     for r in read_all(&job.output, true) {
         let v = r.json();
@@ -70,12 +86,24 @@ fn pattern_detector_emits_each_login_then_pay_once_across_a_crash() {
         );
         assert!(seen.insert(at.clone()), "duplicate match {at:?}");
     }
-    assert_eq!(seen, expected, "matches must equal the model's, exactly once");
+    assert_eq!(
+        seen, expected,
+        "matches must equal the model's, exactly once"
+    );
     let refused: Vec<_> = read_all(&job.dlq, true)
         .into_iter()
-        .filter(|r| r.headers.get("streamstate.error.reason").map(String::as_str) == Some("pattern_invalid"))
+        .filter(|r| {
+            r.headers
+                .get("streamstate.error.reason")
+                .map(String::as_str)
+                == Some("pattern_invalid")
+        })
         .collect();
-    assert_eq!(refused.len(), 1, "the broken pattern is refused once, with its reason");
+    assert_eq!(
+        refused.len(),
+        1,
+        "the broken pattern is refused once, with its reason"
+    );
     assert_eq!(service.terminate(Duration::from_secs(30)).code(), Some(0));
 }
 
@@ -84,15 +112,25 @@ fn buffering_sink_restores_its_buffer_from_operator_state_after_a_crash() {
     const BATCH: usize = 7;
     let job = Job::new("buffering", 1);
     job.write_config("200ms", "");
-    let input: Vec<(Option<String>, Vec<u8>)> =
-        (0..BATCH * 100).map(|i| (Some(format!("k{}", i % 13)), format!(r#"{{"user_id":"k{}","seq":{i}}}"#, i % 13).into_bytes())).collect();
+    let input: Vec<(Option<String>, Vec<u8>)> = (0..BATCH * 100)
+        .map(|i| {
+            (
+                Some(format!("k{}", i % 13)),
+                format!(r#"{{"user_id":"k{}","seq":{i}}}"#, i % 13).into_bytes(),
+            )
+        })
+        .collect();
     let env = [("BUFFERING_SINK_BATCH", "7")];
     produce_all(&job.input, &input[..350], None);
     let mut service = job.spawn_example("buffering_sink", &env);
-    wait_until("a checkpoint with input committed", Duration::from_secs(60), || {
-        service.assert_running();
-        job.committed() > 0
-    });
+    wait_until(
+        "a checkpoint with input committed",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            job.committed() > 0
+        },
+    );
     service.sigkill();
     let log_before = service.log().len();
     produce_all(&job.input, &input[350..], Some(2_000));

@@ -30,14 +30,27 @@ fn rules_job(name: &str, partitions: i32, extra: &str) -> Job {
 /// Next offset per input partition: everything produced from now on is at or above it.
 fn input_ends(job: &Job) -> BTreeMap<i32, i64> {
     let c = consumer(None, false);
-    (0..job.partitions).map(|p| (p, c.fetch_watermarks(&job.input, p, Duration::from_secs(10)).expect("watermarks").1)).collect()
+    (0..job.partitions)
+        .map(|p| {
+            (
+                p,
+                c.fetch_watermarks(&job.input, p, Duration::from_secs(10))
+                    .expect("watermarks")
+                    .1,
+            )
+        })
+        .collect()
 }
 
 fn wait_rule(job: &Job, service: &mut Service, id: &str, want: (u64, bool)) {
-    wait_until(&format!("rule {id} at {want:?}"), Duration::from_secs(60), || {
-        service.assert_running();
-        rules_served(job.admin).and_then(|r| r.get(id).copied()) == Some(want)
-    });
+    wait_until(
+        &format!("rule {id} at {want:?}"),
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            rules_served(job.admin).and_then(|r| r.get(id).copied()) == Some(want)
+        },
+    );
 }
 
 #[test]
@@ -54,7 +67,13 @@ fn rule_updated_while_events_flow_names_its_version_and_stops_when_deleted() {
     let v2_from = input_ends(&job);
     produce_all(&job.input, &evs[500..1_000], Some(2_000));
 
-    produce_rules(&job.control, &[("cnt".into(), Some(r#"{"id":"cnt","version":3,"status":"deleted"}"#.into()))]);
+    produce_rules(
+        &job.control,
+        &[(
+            "cnt".into(),
+            Some(r#"{"id":"cnt","version":3,"status":"deleted"}"#.into()),
+        )],
+    );
     wait_rule(&job, &mut service, "cnt", (3, true));
     let deleted_from = input_ends(&job);
     produce_all(&job.input, &evs[1_000..], Some(2_000));
@@ -63,11 +82,19 @@ fn rule_updated_while_events_flow_names_its_version_and_stops_when_deleted() {
     let before = rules_served(job.admin).expect("rules before the kill");
     service.sigkill();
     let mut service = job.spawn();
-    wait_until("the restarted instance to serve rules", Duration::from_secs(60), || {
-        service.assert_running();
-        rules_served(job.admin).is_some_and(|r| !r.is_empty())
-    });
-    assert_eq!(rules_served(job.admin).expect("rules after restart"), before, "the applied rule set survives SIGKILL");
+    wait_until(
+        "the restarted instance to serve rules",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            rules_served(job.admin).is_some_and(|r| !r.is_empty())
+        },
+    );
+    assert_eq!(
+        rules_served(job.admin).expect("rules after restart"),
+        before,
+        "the applied rule set survives SIGKILL"
+    );
 
     let mut per_partition: BTreeMap<i32, Vec<(i64, u64)>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
@@ -77,19 +104,38 @@ fn rule_updated_while_events_flow_names_its_version_and_stops_when_deleted() {
         assert_eq!(v["rule_id"], "cnt", "{v}");
         assert_eq!(v["kind"], "aggregate", "{v}");
         let version = v["rule_version"].as_u64().expect("rule_version");
-        let (p, o) = (v["source"]["partition"].as_i64().expect("partition") as i32, v["source"]["offset"].as_i64().expect("offset"));
+        let (p, o) = (
+            v["source"]["partition"].as_i64().expect("partition") as i32,
+            v["source"]["offset"].as_i64().expect("offset"),
+        );
         assert!(seen.insert((p, o)), "two outputs for input {p}:{o}");
-        assert!(o < deleted_from[&p], "input {p}:{o} arrived after the deletion yet has output {v}");
+        assert!(
+            o < deleted_from[&p],
+            "input {p}:{o} arrived after the deletion yet has output {v}"
+        );
         if o >= v2_from[&p] {
-            assert_eq!(version, 2, "input {p}:{o} arrived after v2 was in force: {v}");
+            assert_eq!(
+                version, 2,
+                "input {p}:{o} arrived after v2 was in force: {v}"
+            );
         }
         versions.insert(version);
-        per_partition.entry(r.partition).or_default().push((r.offset, version));
+        per_partition
+            .entry(r.partition)
+            .or_default()
+            .push((r.offset, version));
     }
-    assert_eq!(versions, BTreeSet::from([1, 2]), "both versions produced output");
+    assert_eq!(
+        versions,
+        BTreeSet::from([1, 2]),
+        "both versions produced output"
+    );
     for (p, mut outs) in per_partition {
         outs.sort_unstable();
-        assert!(outs.windows(2).all(|w| w[0].1 <= w[1].1), "rule versions went backwards in output partition {p}");
+        assert!(
+            outs.windows(2).all(|w| w[0].1 <= w[1].1),
+            "rule versions went backwards in output partition {p}"
+        );
     }
     assert_eq!(service.terminate(Duration::from_secs(30)).code(), Some(0));
 }
@@ -105,11 +151,17 @@ fn timed_events(n: usize, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
             let (user, event_id, amount) = if !sent.is_empty() && rng.random_ratio(1, 100) {
                 sent[rng.random_range(0..sent.len())].clone()
             } else {
-                let e = (format!("user-{}", rng.random_range(0..300)), format!("e{i}"), rng.random_range(1..100u64));
+                let e = (
+                    format!("user-{}", rng.random_range(0..300)),
+                    format!("e{i}"),
+                    rng.random_range(1..100u64),
+                );
                 sent.push(e.clone());
                 e
             };
-            let body = format!(r#"{{"user_id":"{user}","event_id":"{event_id}","amount":{amount},"ts":{ts}}}"#);
+            let body = format!(
+                r#"{{"user_id":"{user}","event_id":"{event_id}","amount":{amount},"ts":{ts}}}"#
+            );
             (Some(user), body.into_bytes())
         })
         .collect()
@@ -117,11 +169,18 @@ fn timed_events(n: usize, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
 
 #[test]
 fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_crashes() {
-    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).min(8);
+    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+        .min(8);
     let job = rules_job("rule-eo", 4, "");
     // Event time, so the reference model can say which window every event is in.
     let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace("function = \"rules\"", "function = \"rules\"\ntimestamp = \"/ts\"\nmax_out_of_orderness = \"200ms\"");
+    let config = config.replace(
+        "function = \"rules\"",
+        "function = \"rules\"\ntimestamp = \"/ts\"\nmax_out_of_orderness = \"200ms\"",
+    );
     std::fs::write(job.config_path(), config).expect("config");
     produce_rules(
         &job.control,
@@ -160,14 +219,32 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
     }
     feeder.join().expect("feeder");
     // Then a crash at each step of the commit protocol, with the rules' state in flight.
-    let failpoints = ["mid-batch", "before-snapshot", "after-snapshot", "before-commit", "after-commit"];
-    for (failpoint, chunk) in failpoints.iter().zip(tail.chunks(tail.len().div_ceil(failpoints.len()))) {
+    let failpoints = [
+        "mid-batch",
+        "before-snapshot",
+        "after-snapshot",
+        "before-commit",
+        "after-commit",
+    ];
+    for (failpoint, chunk) in failpoints
+        .iter()
+        .zip(tail.chunks(tail.len().div_ceil(failpoints.len())))
+    {
         produce_all(&job.input, chunk, None);
-        let skip = if *failpoint == "mid-batch" { rng.random_range(10..chunk.len().max(11) as u32) } else { rng.random_range(0..3) };
+        let skip = if *failpoint == "mid-batch" {
+            rng.random_range(10..chunk.len().max(11) as u32)
+        } else {
+            rng.random_range(0..3)
+        };
         let spec = format!("{failpoint}={skip}*off->return");
         let mut service = job.spawn_with(&[], &[("FAILPOINTS", spec.as_str())]);
         let status = service.wait_exit(Duration::from_secs(90));
-        assert_eq!(status.signal(), Some(SIGABRT), "expected a crash at {spec}, got {status}; log:\n{}", service.log());
+        assert_eq!(
+            status.signal(),
+            Some(SIGABRT),
+            "expected a crash at {spec}, got {status}; log:\n{}",
+            service.log()
+        );
     }
     let mut service = job.spawn();
     wait_all_committed(&job, &mut service);
@@ -189,43 +266,91 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
         let n = counts.entry(user.clone()).or_default();
         *n += 1;
         expected_count.insert((r.partition, r.offset), (user.clone(), *n));
-        if first_ids.entry(user.clone()).or_default().insert(v["event_id"].as_str().expect("id").to_string()) {
+        if first_ids
+            .entry(user.clone())
+            .or_default()
+            .insert(v["event_id"].as_str().expect("id").to_string())
+        {
             expected_dedup.insert((r.partition, r.offset));
         }
-        *window_sums.entry((user, ts / 1000 * 1000)).or_default() += v["amount"].as_f64().expect("amount");
+        *window_sums.entry((user, ts / 1000 * 1000)).or_default() +=
+            v["amount"].as_f64().expect("amount");
         let m = max_ts.entry(r.partition).or_default();
         *m = (*m).max(ts);
     }
     let watermark = max_ts.values().min().expect("input") - 200;
-    let expected_windows: BTreeMap<(String, u64), f64> =
-        window_sums.into_iter().filter(|((_, start), _)| start + 1000 - 1 <= watermark).collect();
+    let expected_windows: BTreeMap<(String, u64), f64> = window_sums
+        .into_iter()
+        .filter(|((_, start), _)| start + 1000 - 1 <= watermark)
+        .collect();
 
-    let (mut got_count, mut got_dedup, mut got_windows) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let (mut got_count, mut got_dedup, mut got_windows) =
+        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for r in read_all(&job.output, true) {
         let v = r.json();
-        let source = || (v["source"]["partition"].as_i64().expect("partition") as i32, v["source"]["offset"].as_i64().expect("offset"));
+        let source = || {
+            (
+                v["source"]["partition"].as_i64().expect("partition") as i32,
+                v["source"]["offset"].as_i64().expect("offset"),
+            )
+        };
         match v["rule_id"].as_str().expect("rule_id") {
             "cnt" => {
                 let at = source();
-                let (user, n) = expected_count.get(&at).unwrap_or_else(|| panic!("count output for no input: {v}"));
-                assert_eq!((v["key"].as_str(), v["value"].as_u64()), (Some(user.as_str()), Some(*n)), "wrong count at {at:?}");
+                let (user, n) = expected_count
+                    .get(&at)
+                    .unwrap_or_else(|| panic!("count output for no input: {v}"));
+                assert_eq!(
+                    (v["key"].as_str(), v["value"].as_u64()),
+                    (Some(user.as_str()), Some(*n)),
+                    "wrong count at {at:?}"
+                );
                 *got_count.entry(at).or_insert(0) += 1;
             }
             "dd" => *got_dedup.entry(source()).or_insert(0) += 1,
             "win" => {
-                let key = (v["key"].as_str().expect("key").to_string(), v["window"]["start"].as_u64().expect("window.start"));
+                let key = (
+                    v["key"].as_str().expect("key").to_string(),
+                    v["window"]["start"].as_u64().expect("window.start"),
+                );
                 assert_eq!(v["window"]["end"].as_u64(), Some(key.1 + 1000), "{v}");
-                assert!(got_windows.insert(key.clone(), v["value"].as_f64().expect("value")).is_none(), "window {key:?} emitted twice");
+                assert!(
+                    got_windows
+                        .insert(key.clone(), v["value"].as_f64().expect("value"))
+                        .is_none(),
+                    "window {key:?} emitted twice"
+                );
             }
             other => panic!("output of unknown rule {other}: {v}"),
         }
     }
-    assert!(got_count.values().all(|n| *n == 1), "duplicated count outputs");
-    assert_eq!(got_count.len(), expected_count.len(), "every event counted exactly once");
-    assert!(got_dedup.values().all(|n| *n == 1), "duplicated dedup outputs");
-    assert_eq!(got_dedup.keys().copied().collect::<BTreeSet<_>>(), expected_dedup, "first occurrences only, once each");
-    assert_eq!(got_windows, expected_windows, "closed windows, each once, with the model's sums");
-    assert!(expected_windows.len() > 100, "the run must close many windows ({})", expected_windows.len());
+    assert!(
+        got_count.values().all(|n| *n == 1),
+        "duplicated count outputs"
+    );
+    assert_eq!(
+        got_count.len(),
+        expected_count.len(),
+        "every event counted exactly once"
+    );
+    assert!(
+        got_dedup.values().all(|n| *n == 1),
+        "duplicated dedup outputs"
+    );
+    assert_eq!(
+        got_dedup.keys().copied().collect::<BTreeSet<_>>(),
+        expected_dedup,
+        "first occurrences only, once each"
+    );
+    assert_eq!(
+        got_windows, expected_windows,
+        "closed windows, each once, with the model's sums"
+    );
+    assert!(
+        expected_windows.len() > 100,
+        "the run must close many windows ({})",
+        expected_windows.len()
+    );
     eprintln!(
         "rule engine under {kills} SIGKILLs and 5 failpoint crashes in {:?}: {} counts, {} dedup, {} windows checked",
         started.elapsed(),
@@ -238,8 +363,15 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
 #[test]
 fn malformed_rules_are_refused_with_a_reason_and_processing_continues() {
     let job = rules_job("rule-bad", 2, "");
-    let deep = format!(r#"{{"id":"cnt","version":9,"kind":"aggregate","filter":{}{}}}"#, "{\"not\":".repeat(40), "{\"field\":\"/a\",\"exists\":true}".to_string() + &"}".repeat(40));
-    let huge = format!(r#"{{"id":"cnt","version":9,"kind":"aggregate","pad":"{}"}}"#, "x".repeat(70_000));
+    let deep = format!(
+        r#"{{"id":"cnt","version":9,"kind":"aggregate","filter":{}{}}}"#,
+        "{\"not\":".repeat(40),
+        "{\"field\":\"/a\",\"exists\":true}".to_string() + &"}".repeat(40)
+    );
+    let huge = format!(
+        r#"{{"id":"cnt","version":9,"kind":"aggregate","pad":"{}"}}"#,
+        "x".repeat(70_000)
+    );
     let bad: Vec<(&str, String, &str)> = vec![
         ("json", "{not json".into(), "invalid_json"),
         ("unknown-field", r#"{"id":"cnt","version":5,"kind":"aggregate","aggregate":{"fn":"count","emit":"every_event"},"colour":"red"}"#.into(), ""),
@@ -248,12 +380,19 @@ fn malformed_rules_are_refused_with_a_reason_and_processing_continues() {
         ("huge", huge, "too_large"),
     ];
     let mut records = vec![("cnt".to_string(), Some(count_rule(1)))];
-    records.extend(bad.iter().map(|(_, body, _)| ("cnt".to_string(), Some(body.clone()))));
+    records.extend(
+        bad.iter()
+            .map(|(_, body, _)| ("cnt".to_string(), Some(body.clone()))),
+    );
     produce_rules(&job.control, &records);
     let mut service = job.spawn();
     produce_all(&job.input, &events(400, 0, 5), None);
     wait_all_committed(&job, &mut service);
-    assert_eq!(rules_served(job.admin).and_then(|r| r.get("cnt").copied()), Some((1, false)), "the last good version stays");
+    assert_eq!(
+        rules_served(job.admin).and_then(|r| r.get("cnt").copied()),
+        Some((1, false)),
+        "the last good version stays"
+    );
 
     let outputs = read_all(&job.output, true);
     assert_eq!(outputs.len(), 400, "every event still counted by version 1");
@@ -262,7 +401,11 @@ fn malformed_rules_are_refused_with_a_reason_and_processing_continues() {
         .into_iter()
         .filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.control))
         .collect();
-    assert_eq!(dead.len(), bad.len(), "each malformed rule exactly once in the dead-letter topic");
+    assert_eq!(
+        dead.len(),
+        bad.len(),
+        "each malformed rule exactly once in the dead-letter topic"
+    );
     for ((name, _, reason), r) in bad.iter().zip(&dead) {
         let got = &r.headers["streamstate.error.reason"];
         assert!(!got.is_empty(), "{name}: no reason");

@@ -22,15 +22,26 @@ struct Instance {
 fn spawn_instance(job: &Job, i: u32, n: u32, generation: u32, args: &[&str]) -> Instance {
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let state = job.dir.path().join(format!("state-{i}-gen{generation}"));
-    let (i, n, listen, state) = (i.to_string(), n.to_string(), admin.to_string(), state.display().to_string());
+    let (i, n, listen, state) = (
+        i.to_string(),
+        n.to_string(),
+        admin.to_string(),
+        state.display().to_string(),
+    );
     let env = [
         ("STREAMSTATE__JOB__INSTANCE", i.as_str()),
         ("STREAMSTATE__JOB__INSTANCES", n.as_str()),
         ("STREAMSTATE__ADMIN__LISTEN", listen.as_str()),
         ("STREAMSTATE__STATE__DIR", state.as_str()),
     ];
-    let log = job.dir.path().join(format!("instance-{i}-gen{generation}.log"));
-    Instance { service: Service::spawn(&job.config_path(), &log, args, &env), admin }
+    let log = job
+        .dir
+        .path()
+        .join(format!("instance-{i}-gen{generation}.log"));
+    Instance {
+        service: Service::spawn(&job.config_path(), &log, args, &env),
+        admin,
+    }
 }
 
 fn wait_ready(job: &Job, instances: &mut [Instance]) {
@@ -47,28 +58,82 @@ fn wait_ready(job: &Job, instances: &mut [Instance]) {
 /// StatefulSet needs, or it restarts the pod into processing) each stays up, live and not
 /// ready, until SIGTERM.
 fn stop_with_savepoints(instances: Vec<Instance>, hold: bool) {
-    let body = if hold { &br#"{"savepoint":true,"hold":true}"#[..] } else { &br#"{"savepoint":true}"#[..] };
+    let body = if hold {
+        &br#"{"savepoint":true,"hold":true}"#[..]
+    } else {
+        &br#"{"savepoint":true}"#[..]
+    };
     for mut inst in instances {
-        let answer = http_with("POST", inst.admin, "/stop", &[("Content-Type", "application/json")], body).expect("POST /stop");
-        assert_eq!(answer.status, 200, "stop with savepoint: {} {}", answer.status, answer.body);
+        let answer = http_with(
+            "POST",
+            inst.admin,
+            "/stop",
+            &[("Content-Type", "application/json")],
+            body,
+        )
+        .expect("POST /stop");
+        assert_eq!(
+            answer.status, 200,
+            "stop with savepoint: {} {}",
+            answer.status, answer.body
+        );
         if hold {
             inst.service.assert_running();
-            assert_eq!(http("GET", inst.admin, "/readyz").expect("readyz").0, 503, "a held instance is not ready");
-            assert_eq!(http("GET", inst.admin, "/livez").expect("livez").0, 200, "a held instance is alive");
-            assert_eq!(inst.service.terminate(Duration::from_secs(30)).code(), Some(0), "{}", inst.service.log());
+            assert_eq!(
+                http("GET", inst.admin, "/readyz").expect("readyz").0,
+                503,
+                "a held instance is not ready"
+            );
+            assert_eq!(
+                http("GET", inst.admin, "/livez").expect("livez").0,
+                200,
+                "a held instance is alive"
+            );
+            assert_eq!(
+                inst.service.terminate(Duration::from_secs(30)).code(),
+                Some(0),
+                "{}",
+                inst.service.log()
+            );
         } else {
-            assert_eq!(inst.service.wait_exit(Duration::from_secs(90)).code(), Some(0), "{}", inst.service.log());
+            assert_eq!(
+                inst.service.wait_exit(Duration::from_secs(90)).code(),
+                Some(0),
+                "{}",
+                inst.service.log()
+            );
         }
     }
 }
 
 fn cli(job: &Job, args: &[&str]) -> (bool, String) {
-    let out = Command::new(BIN).args(args).arg("--config").arg(job.config_path()).output().expect("run streamstate");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--config")
+        .arg(job.config_path())
+        .output()
+        .expect("run streamstate");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 fn make_set(job: &Job, name: &str, instances: u32) {
-    let (ok, text) = cli(job, &["savepoint-set", "--name", name, "--instances", &instances.to_string()]);
+    let (ok, text) = cli(
+        job,
+        &[
+            "savepoint-set",
+            "--name",
+            name,
+            "--instances",
+            &instances.to_string(),
+        ],
+    );
     assert!(ok, "savepoint-set {name}: {text}");
 }
 
@@ -79,8 +144,22 @@ fn committed_per_partition(job: &Job) -> BTreeMap<i32, i64> {
     for p in 0..job.partitions {
         tpl.add_partition(&job.input, p);
     }
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).expect("committed offsets");
-    got.elements().iter().map(|e| (e.partition(), if let Offset::Offset(o) = e.offset() { o } else { 0 })).collect()
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    got.elements()
+        .iter()
+        .map(|e| {
+            (
+                e.partition(),
+                if let Offset::Offset(o) = e.offset() {
+                    o
+                } else {
+                    0
+                },
+            )
+        })
+        .collect()
 }
 
 fn scale_job(name: &str) -> Job {
@@ -97,7 +176,9 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(500)));
     let mut running = vec![spawn_instance(&job, 0, 1, 0, &[])];
     wait_ready(&job, &mut running);
-    wait_until("a first commit", Duration::from_secs(60), || job.committed() > 0);
+    wait_until("a first commit", Duration::from_secs(60), || {
+        job.committed() > 0
+    });
     for (generation, (from, to)) in [(1, 3), (3, 2), (2, 1)].into_iter().enumerate() {
         let generation = generation as u32 + 1;
         let before = job.committed();
@@ -106,22 +187,39 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
         make_set(&job, &set, from);
         let (ok, plan) = cli(&job, &["rescale-plan", "--set", &set]);
         assert!(ok, "rescale-plan: {plan}");
-        running = (0..to).map(|i| spawn_instance(&job, i, to, generation, &["--from-savepoint-set", &set])).collect();
+        running = (0..to)
+            .map(|i| spawn_instance(&job, i, to, generation, &["--from-savepoint-set", &set]))
+            .collect();
         wait_ready(&job, &mut running);
-        wait_until(&format!("{to} instances committing past {before}"), Duration::from_secs(90), || {
-            running.iter_mut().for_each(|i| i.service.assert_running());
-            job.committed() > before
-        });
+        wait_until(
+            &format!("{to} instances committing past {before}"),
+            Duration::from_secs(90),
+            || {
+                running.iter_mut().for_each(|i| i.service.assert_running());
+                job.committed() > before
+            },
+        );
     }
     feeder.join().expect("feeder");
     let end = job.input_end();
-    wait_until("all input committed by the last instance", Duration::from_secs(180), || {
-        running[0].service.assert_running();
-        job.committed() >= end
-    });
-    assert_eq!(running[0].service.terminate(Duration::from_secs(60)).code(), Some(0));
+    wait_until(
+        "all input committed by the last instance",
+        Duration::from_secs(180),
+        || {
+            running[0].service.assert_running();
+            job.committed() >= end
+        },
+    );
+    assert_eq!(
+        running[0].service.terminate(Duration::from_secs(60)).code(),
+        Some(0)
+    );
     let (outputs, dead) = check_exactly_once(&job);
-    assert_eq!(outputs + dead, 12_000, "every input is an output or a dead letter, once");
+    assert_eq!(
+        outputs + dead,
+        12_000,
+        "every input is an output or a dead letter, once"
+    );
     independent_check(&job, &CheckerOptions::all());
 }
 
@@ -134,16 +232,26 @@ fn a_sigkilled_instance_of_three_pauses_only_its_own_partitions() {
     let mut running: Vec<Instance> = (0..3).map(|i| spawn_instance(&job, i, 3, 0, &[])).collect();
     wait_ready(&job, &mut running);
     // Instance 1 of 3 over 4 key groups owns key group (= partition) 2 only.
-    wait_until("every partition committed", Duration::from_secs(90), || committed_per_partition(&job).values().all(|o| *o > 0));
+    wait_until("every partition committed", Duration::from_secs(90), || {
+        committed_per_partition(&job).values().all(|o| *o > 0)
+    });
     running[1].service.sigkill();
     let at_kill = committed_per_partition(&job);
-    wait_until("the other instances' partitions move on", Duration::from_secs(90), || {
-        running[0].service.assert_running();
-        running[2].service.assert_running();
-        let now = committed_per_partition(&job);
-        [0, 1, 3].iter().all(|p| now[p] > at_kill[p] + 50)
-    });
-    assert_eq!(committed_per_partition(&job)[&2], at_kill[&2], "the dead instance's partition must not move");
+    wait_until(
+        "the other instances' partitions move on",
+        Duration::from_secs(90),
+        || {
+            running[0].service.assert_running();
+            running[2].service.assert_running();
+            let now = committed_per_partition(&job);
+            [0, 1, 3].iter().all(|p| now[p] > at_kill[p] + 50)
+        },
+    );
+    assert_eq!(
+        committed_per_partition(&job)[&2],
+        at_kill[&2],
+        "the dead instance's partition must not move"
+    );
     running[1] = spawn_instance(&job, 1, 3, 1, &[]);
     feeder.join().expect("feeder");
     let end = job.input_end();
@@ -152,7 +260,10 @@ fn a_sigkilled_instance_of_three_pauses_only_its_own_partitions() {
         job.committed() >= end
     });
     for mut inst in running {
-        assert_eq!(inst.service.terminate(Duration::from_secs(60)).code(), Some(0));
+        assert_eq!(
+            inst.service.terminate(Duration::from_secs(60)).code(),
+            Some(0)
+        );
     }
     check_exactly_once(&job);
     independent_check(&job, &CheckerOptions::all());
@@ -164,20 +275,35 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
     produce_all(&job.input, &events(2_000, 0, 79), None);
     let mut first = vec![spawn_instance(&job, 0, 1, 0, &[])];
     wait_ready(&job, &mut first);
-    wait_until("input committed", Duration::from_secs(90), || job.committed() >= 2_000);
+    wait_until("input committed", Duration::from_secs(90), || {
+        job.committed() >= 2_000
+    });
     stop_with_savepoints(first, false);
     let outputs = end_offsets_total(&job.output, job.partitions);
 
     // A set needs every part: only instance 0 of "2" has a savepoint.
-    let (ok, text) = cli(&job, &["savepoint-set", "--name", "half", "--instances", "2"]);
+    let (ok, text) = cli(
+        &job,
+        &["savepoint-set", "--name", "half", "--instances", "2"],
+    );
     assert!(!ok, "an incomplete set must be refused: {text}");
     assert!(
-        text.contains("savepoint set half:") && (text.contains("has no completed savepoint") || text.contains("not instance 0 of 2")),
+        text.contains("savepoint set half:")
+            && (text.contains("has no completed savepoint")
+                || text.contains("not instance 0 of 2")),
         "{text}"
     );
     let mut refused = spawn_instance(&job, 0, 1, 1, &["--from-savepoint-set", "half"]);
     let status = refused.service.wait_exit(Duration::from_secs(60));
-    assert!(!status.success() && refused.service.log().contains("savepoint set half does not exist"), "{}", refused.service.log());
+    assert!(
+        !status.success()
+            && refused
+                .service
+                .log()
+                .contains("savepoint set half does not exist"),
+        "{}",
+        refused.service.log()
+    );
 
     // Key groups are fixed at the first start.
     produce_all(&job.input, &events(500, 0, 80), None);
@@ -186,25 +312,44 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
         &job.config_path(),
         &log,
         &[],
-        &[("STREAMSTATE__STATE__MAX_PARALLELISM", "8"), ("STREAMSTATE__ADMIN__LISTEN", "127.0.0.1:0")],
+        &[
+            ("STREAMSTATE__STATE__MAX_PARALLELISM", "8"),
+            ("STREAMSTATE__ADMIN__LISTEN", "127.0.0.1:0"),
+        ],
     );
     let status = wrong.wait_exit(Duration::from_secs(60));
     let text = wrong.log();
-    assert!(!status.success() && text.contains("max_parallelism = 4") && text.contains("fixed at the first start"), "{text}");
-    assert_eq!(end_offsets_total(&job.output, job.partitions), outputs, "a refused start writes nothing");
+    assert!(
+        !status.success()
+            && text.contains("max_parallelism = 4")
+            && text.contains("fixed at the first start"),
+        "{text}"
+    );
+    assert_eq!(
+        end_offsets_total(&job.output, job.partitions),
+        outputs,
+        "a refused start writes nothing"
+    );
 
     // The same instance id twice: the newer one fences the older, which exits.
     let mut a = spawn_instance(&job, 0, 1, 2, &[]);
     wait_ready(&job, std::slice::from_mut(&mut a));
     let mut b = spawn_instance(&job, 0, 1, 3, &[]);
     let status = a.service.wait_exit(Duration::from_secs(120));
-    assert!(!status.success(), "the older instance 0 must stop when a second instance 0 starts");
+    assert!(
+        !status.success(),
+        "the older instance 0 must stop when a second instance 0 starts"
+    );
     assert!(a.service.log().contains("fenced"), "{}", a.service.log());
     let end = job.input_end();
-    wait_until("the newer instance 0 commits everything", Duration::from_secs(120), || {
-        b.service.assert_running();
-        job.committed() >= end
-    });
+    wait_until(
+        "the newer instance 0 commits everything",
+        Duration::from_secs(120),
+        || {
+            b.service.assert_running();
+            job.committed() >= end
+        },
+    );
     assert_eq!(b.service.terminate(Duration::from_secs(60)).code(), Some(0));
     check_exactly_once(&job);
 }

@@ -19,12 +19,19 @@ pub enum ClusterError {
     #[error(
         "job.instances ({instances}) exceeds state.max_parallelism ({max_parallelism}): an instance would own no key group"
     )]
-    TooManyInstances { instances: u32, max_parallelism: u32 },
+    TooManyInstances {
+        instances: u32,
+        max_parallelism: u32,
+    },
     #[error(
         "with job.instances > 1, every input topic needs state.max_parallelism ({max_parallelism}) partitions so that \
          key group = partition; topic `{topic}` has {partitions}. Repartition the input (job.repartition) or match the counts"
     )]
-    PartitionsMismatch { topic: String, partitions: u32, max_parallelism: u32 },
+    PartitionsMismatch {
+        topic: String,
+        partitions: u32,
+        max_parallelism: u32,
+    },
 }
 
 /// What one instance owns.
@@ -36,27 +43,52 @@ pub struct Ownership {
 }
 
 /// Instance `instance` of `instances` over `all` input partitions (every topic's).
-pub fn ownership(all: &[Partition], max_parallelism: u32, instances: u32, instance: u32) -> Result<Ownership, ClusterError> {
+pub fn ownership(
+    all: &[Partition],
+    max_parallelism: u32,
+    instances: u32,
+    instance: u32,
+) -> Result<Ownership, ClusterError> {
     if instance >= instances {
-        return Err(ClusterError::InstanceOutOfRange { instance, instances });
+        return Err(ClusterError::InstanceOutOfRange {
+            instance,
+            instances,
+        });
     }
     if instances > max_parallelism {
-        return Err(ClusterError::TooManyInstances { instances, max_parallelism });
+        return Err(ClusterError::TooManyInstances {
+            instances,
+            max_parallelism,
+        });
     }
     if instances == 1 {
         // One instance owns every key group, whatever the partition counts.
-        return Ok(Ownership { key_groups: KeyGroupRange::new(0, max_parallelism - 1), partitions: all.to_vec() });
+        return Ok(Ownership {
+            key_groups: KeyGroupRange::new(0, max_parallelism - 1),
+            partitions: all.to_vec(),
+        });
     }
     let mut counts = std::collections::BTreeMap::<&str, u32>::new();
     for (topic, _) in all {
         *counts.entry(topic).or_default() += 1;
     }
     if let Some((topic, partitions)) = counts.iter().find(|(_, n)| **n != max_parallelism) {
-        return Err(ClusterError::PartitionsMismatch { topic: topic.to_string(), partitions: *partitions, max_parallelism });
+        return Err(ClusterError::PartitionsMismatch {
+            topic: topic.to_string(),
+            partitions: *partitions,
+            max_parallelism,
+        });
     }
     let key_groups = KeyGroupRange::for_instance(max_parallelism, instances, instance);
-    let partitions = all.iter().filter(|(_, p)| key_groups.contains(*p as u32)).cloned().collect();
-    Ok(Ownership { key_groups, partitions })
+    let partitions = all
+        .iter()
+        .filter(|(_, p)| key_groups.contains(*p as u32))
+        .cloned()
+        .collect();
+    Ok(Ownership {
+        key_groups,
+        partitions,
+    })
 }
 
 #[cfg(test)]
@@ -75,12 +107,24 @@ mod tests {
             for i in 0..n {
                 let o = ownership(&all, 8, n, i).expect("ownership");
                 for (_, p) in &o.partitions {
-                    assert!(o.key_groups.contains(*p as u32), "partition {p} outside {:?}", o.key_groups);
+                    assert!(
+                        o.key_groups.contains(*p as u32),
+                        "partition {p} outside {:?}",
+                        o.key_groups
+                    );
                 }
                 seen.extend(o.partitions);
             }
             seen.sort();
-            assert_eq!(seen, { let mut a = all.clone(); a.sort(); a }, "{n} instances own every partition exactly once");
+            assert_eq!(
+                seen,
+                {
+                    let mut a = all.clone();
+                    a.sort();
+                    a
+                },
+                "{n} instances own every partition exactly once"
+            );
         }
     }
 
@@ -95,8 +139,23 @@ mod tests {
     #[test]
     fn refuses_what_cannot_be_owned_consistently() {
         let all = parts("a", 4);
-        assert_eq!(ownership(&all, 4, 2, 2), Err(ClusterError::InstanceOutOfRange { instance: 2, instances: 2 }));
-        assert_eq!(ownership(&all, 4, 5, 0), Err(ClusterError::TooManyInstances { instances: 5, max_parallelism: 4 }));
-        assert!(matches!(ownership(&all, 8, 2, 0), Err(ClusterError::PartitionsMismatch { partitions: 4, .. })));
+        assert_eq!(
+            ownership(&all, 4, 2, 2),
+            Err(ClusterError::InstanceOutOfRange {
+                instance: 2,
+                instances: 2
+            })
+        );
+        assert_eq!(
+            ownership(&all, 4, 5, 0),
+            Err(ClusterError::TooManyInstances {
+                instances: 5,
+                max_parallelism: 4
+            })
+        );
+        assert!(matches!(
+            ownership(&all, 8, 2, 0),
+            Err(ClusterError::PartitionsMismatch { partitions: 4, .. })
+        ));
     }
 }

@@ -155,7 +155,11 @@ pub struct StateConfig {
 
 impl Default for StateConfig {
     fn default() -> Self {
-        Self { backend: default_backend(), dir: default_state_dir(), max_parallelism: None }
+        Self {
+            backend: default_backend(),
+            dir: default_state_dir(),
+            max_parallelism: None,
+        }
     }
 }
 
@@ -295,45 +299,79 @@ impl Config {
     /// Reads the file, applies environment overrides, then checks values that serde cannot.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         if !path.is_file() {
-            return Err(ConfigError::Load(format!("file {} does not exist", path.display())));
+            return Err(ConfigError::Load(format!(
+                "file {} does not exist",
+                path.display()
+            )));
         }
-        Self::from_figment(Figment::new().merge(Toml::file(path)).merge(env_overrides()))
+        Self::from_figment(
+            Figment::new()
+                .merge(Toml::file(path))
+                .merge(env_overrides()),
+        )
     }
 
     /// Builds a config from defaults in code plus environment overrides (used by `demo`).
     pub fn from_defaults(base: &Config) -> Result<Self, ConfigError> {
-        Self::from_figment(Figment::new().merge(Serialized::defaults(base)).merge(env_overrides()))
+        Self::from_figment(
+            Figment::new()
+                .merge(Serialized::defaults(base))
+                .merge(env_overrides()),
+        )
     }
 
     fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let config: Config = figment.extract().map_err(|e| ConfigError::Load(one_line(&e)))?;
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(one_line(&e)))?;
         config.validate()?;
         Ok(config)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_string() });
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_string(),
+            })
+        };
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return invalid("kafka.bootstrap_servers", "must not be empty");
         }
         if self.kafka.app_id.is_empty()
-            || !self.kafka.app_id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || !self
+                .kafka
+                .app_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
-            return invalid("kafka.app_id", "must be non-empty and use only [A-Za-z0-9._-]");
+            return invalid(
+                "kafka.app_id",
+                "must be non-empty and use only [A-Za-z0-9._-]",
+            );
         }
         if self.kafka.input_topics.is_empty() {
             return invalid("kafka.input_topics", "must name at least one topic");
         }
         if !self.job.key.is_empty() && !self.job.key.starts_with('/') {
-            return invalid("job.key", "must be a JSON pointer starting with '/', e.g. \"/user_id\"");
+            return invalid(
+                "job.key",
+                "must be a JSON pointer starting with '/', e.g. \"/user_id\"",
+            );
         }
         if self.job.instances == 0 || self.job.instance >= self.job.instances {
-            return invalid("job.instance", "must be below job.instances (instances are numbered 0..instances)");
+            return invalid(
+                "job.instance",
+                "must be below job.instances (instances are numbered 0..instances)",
+            );
         }
         if let Some(p) = &self.job.timestamp
             && !p.starts_with('/')
         {
-            return invalid("job.timestamp", "must be a JSON pointer starting with '/', e.g. \"/ts\"");
+            return invalid(
+                "job.timestamp",
+                "must be a JSON pointer starting with '/', e.g. \"/ts\"",
+            );
         }
         if self.checkpoint.interval < Duration::from_millis(10) {
             return invalid("checkpoint.interval", "must be at least 10ms");
@@ -354,7 +392,10 @@ impl Config {
         }
         self.checkpoint_location()?;
         if self.admin.token.is_some() && self.admin.token_file.is_some() {
-            return invalid("admin.token_file", "set either admin.token or admin.token_file, not both");
+            return invalid(
+                "admin.token_file",
+                "set either admin.token or admin.token_file, not both",
+            );
         }
         if !self.admin.listen.ip().is_loopback()
             && self.admin.token.is_none()
@@ -368,7 +409,10 @@ impl Config {
             );
         }
         if self.admin.savepoint_roots.iter().any(|r| !r.is_absolute()) {
-            return invalid("admin.savepoint_roots", "every entry must be an absolute path");
+            return invalid(
+                "admin.savepoint_roots",
+                "every entry must be an absolute path",
+            );
         }
         self.admin_token()?;
         Ok(())
@@ -386,7 +430,9 @@ impl Config {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(1_000_000);
         let room = self.job.max_key_bytes + 64 * 1024;
-        self.job.max_record_bytes.min(producer_max.saturating_sub(room))
+        self.job
+            .max_record_bytes
+            .min(producer_max.saturating_sub(room))
     }
 
     /// The admin bearer token, read from `admin.token_file` when that is set.
@@ -397,12 +443,18 @@ impl Config {
                 reason: format!("cannot read {}: {e}", path.display()),
             })?;
             return match text.trim() {
-                "" => Err(ConfigError::Invalid { key: "admin.token_file", reason: format!("{} is empty", path.display()) }),
+                "" => Err(ConfigError::Invalid {
+                    key: "admin.token_file",
+                    reason: format!("{} is empty", path.display()),
+                }),
                 t => Ok(Some(Secret(t.to_string()))),
             };
         }
         match &self.admin.token {
-            Some(t) if t.0.trim().is_empty() => Err(ConfigError::Invalid { key: "admin.token", reason: "must not be empty".into() }),
+            Some(t) if t.0.trim().is_empty() => Err(ConfigError::Invalid {
+                key: "admin.token",
+                reason: "must not be empty".into(),
+            }),
             other => Ok(other.clone()),
         }
     }
@@ -429,10 +481,18 @@ pub fn parse_storage_url(key: &'static str, url: &str) -> Result<StorageLocation
             .map(StorageLocation::File)
             .map_err(|()| invalid("file:// URL must hold an absolute path".into())),
         "s3" => {
-            let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| invalid("s3:// URL needs a bucket".into()))?;
-            Ok(StorageLocation::S3 { bucket: bucket.to_string(), prefix: url.path().trim_matches('/').to_string() })
+            let bucket = url
+                .host_str()
+                .filter(|b| !b.is_empty())
+                .ok_or_else(|| invalid("s3:// URL needs a bucket".into()))?;
+            Ok(StorageLocation::S3 {
+                bucket: bucket.to_string(),
+                prefix: url.path().trim_matches('/').to_string(),
+            })
         }
-        other => Err(invalid(format!("scheme `{other}` is not supported; use file:///path or s3://bucket/prefix"))),
+        other => Err(invalid(format!(
+            "scheme `{other}` is not supported; use file:///path or s3://bucket/prefix"
+        ))),
     }
 }
 
@@ -453,17 +513,30 @@ struct EnvOverrides {
 
 impl EnvOverrides {
     fn from_process() -> Self {
-        Self { vars: Env::prefixed(ENV_PREFIX).iter().map(|(k, v)| (k.as_str().to_string(), v)).collect() }
+        Self {
+            vars: Env::prefixed(ENV_PREFIX)
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), v))
+                .collect(),
+        }
     }
 }
 
 impl figment::Provider for EnvOverrides {
     fn metadata(&self) -> figment::Metadata {
-        figment::Metadata::named(format!("`{ENV_PREFIX}` environment variable(s)"))
-            .interpolater(|_, keys| keys.iter().map(|k| k.to_ascii_uppercase()).collect::<Vec<_>>().join("."))
+        figment::Metadata::named(format!("`{ENV_PREFIX}` environment variable(s)")).interpolater(
+            |_, keys| {
+                keys.iter()
+                    .map(|k| k.to_ascii_uppercase())
+                    .collect::<Vec<_>>()
+                    .join(".")
+            },
+        )
     }
 
-    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
         use figment::value::{Dict, Value};
         fn insert(dict: &mut Dict, path: &[&str], value: Value) {
             match path {
@@ -472,7 +545,9 @@ impl figment::Provider for EnvOverrides {
                     dict.insert(leaf.to_string(), value);
                 }
                 [head, rest @ ..] => {
-                    let entry = dict.entry(head.to_string()).or_insert_with(|| Dict::new().into());
+                    let entry = dict
+                        .entry(head.to_string())
+                        .or_insert_with(|| Dict::new().into());
                     if entry.as_dict().is_none() {
                         *entry = Dict::new().into();
                     }
@@ -495,8 +570,14 @@ impl figment::Provider for EnvOverrides {
             // librdkafka properties are strings, whatever they look like (`linger.ms=5`, a
             // password of digits); everything else is typed as figment's `Env` types it.
             let value = match path.as_slice() {
-                ["kafka", "properties" | "consumer_properties" | "producer_properties", _] => Value::from(value),
-                _ => value.parse().expect("parsing a figment value is infallible"),
+                [
+                    "kafka",
+                    "properties" | "consumer_properties" | "producer_properties",
+                    _,
+                ] => Value::from(value),
+                _ => value
+                    .parse()
+                    .expect("parsing a figment value is infallible"),
             };
             insert(&mut root, &path, value);
         }
@@ -507,8 +588,16 @@ impl figment::Provider for EnvOverrides {
 /// figment (and the TOML parser under it) may print several lines with a source excerpt;
 /// an operator's log wants one.
 fn one_line(e: &figment::Error) -> String {
-    let text = e.clone().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
-    text.split_whitespace().filter(|w| *w != "|" && *w != "^").collect::<Vec<_>>().join(" ")
+    let text = e
+        .clone()
+        .into_iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
+    text.split_whitespace()
+        .filter(|w| *w != "|" && *w != "^")
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -544,28 +633,43 @@ key = "/user"
     #[test]
     fn refuses_unknown_key_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[state]\nbakend = \"rocksdb\"\n")))
-            .expect_err("unknown key must fail");
+        let err = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[state]\nbakend = \"rocksdb\"\n"),
+        ))
+        .expect_err("unknown key must fail");
         assert!(err.to_string().contains("bakend"), "{err}");
     }
 
     #[test]
     fn refuses_bad_duration_naming_the_key() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\ninterval = \"soon\"\n")))
-            .expect_err("bad duration must fail");
+        let err = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[checkpoint]\ninterval = \"soon\"\n"),
+        ))
+        .expect_err("bad duration must fail");
         assert!(err.to_string().contains("interval"), "{err}");
     }
 
     #[test]
     fn refuses_unsupported_storage_scheme() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\nstorage = \"ftp://x/y\"\n")))
-            .expect_err("ftp must fail");
+        let err = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[checkpoint]\nstorage = \"ftp://x/y\"\n"),
+        ))
+        .expect_err("ftp must fail");
         assert!(err.to_string().contains("checkpoint.storage"), "{err}");
-        let c = Config::load(&write(&dir, &format!("{MINIMAL}\n[checkpoint]\nstorage = \"s3://bkt/a/b/\"\n")))
-            .expect("s3 parses");
-        let expected = StorageLocation::S3 { bucket: "bkt".into(), prefix: "a/b".into() };
+        let c = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[checkpoint]\nstorage = \"s3://bkt/a/b/\"\n"),
+        ))
+        .expect("s3 parses");
+        let expected = StorageLocation::S3 {
+            bucket: "bkt".into(),
+            prefix: "a/b".into(),
+        };
         assert_eq!(c.checkpoint_location().expect("location"), expected);
     }
 
@@ -574,15 +678,24 @@ key = "/user"
         let dir = tempfile::tempdir().expect("tempdir");
         let body = format!("{MINIMAL}\n[checkpoint]\ninterval = \"40s\"\n");
         let err = Config::load(&write(&dir, &body)).expect_err("must fail");
-        assert!(err.to_string().contains("kafka.transaction_timeout"), "{err}");
+        assert!(
+            err.to_string().contains("kafka.transaction_timeout"),
+            "{err}"
+        );
     }
 
     #[test]
     fn dead_letters_fit_what_the_producer_may_send() {
         let dir = tempfile::tempdir().expect("tempdir");
         let c = Config::load(&write(&dir, MINIMAL)).expect("load");
-        assert_eq!(c.dead_letter_max_bytes(), 1_000_000 - 4096 - 65_536, "1 MiB records are cut below librdkafka's 1,000,000");
-        let body = format!("{MINIMAL}max_record_bytes = 1000\n[kafka.producer_properties]\n\"message.max.bytes\" = \"20000000\"\n");
+        assert_eq!(
+            c.dead_letter_max_bytes(),
+            1_000_000 - 4096 - 65_536,
+            "1 MiB records are cut below librdkafka's 1,000,000"
+        );
+        let body = format!(
+            "{MINIMAL}max_record_bytes = 1000\n[kafka.producer_properties]\n\"message.max.bytes\" = \"20000000\"\n"
+        );
         let c = Config::load(&write(&dir, &body)).expect("load");
         assert_eq!(c.dead_letter_max_bytes(), 1000);
     }
@@ -593,10 +706,21 @@ key = "/user"
         let open = format!("{MINIMAL}\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
         let err = Config::load(&write(&dir, &open)).expect_err("must fail");
         assert!(err.to_string().contains("admin.listen"), "{err}");
-        Config::load(&write(&dir, &format!("{open}allow_unauthenticated = true\n"))).expect("explicitly allowed");
-        let c = Config::load(&write(&dir, &format!("{open}token = \"s3cr3t\"\n"))).expect("token set");
-        assert_eq!(c.admin_token().expect("token").as_ref().map(Secret::expose), Some("s3cr3t"));
-        assert!(!format!("{c:?}").contains("s3cr3t"), "the token must never print");
+        Config::load(&write(
+            &dir,
+            &format!("{open}allow_unauthenticated = true\n"),
+        ))
+        .expect("explicitly allowed");
+        let c =
+            Config::load(&write(&dir, &format!("{open}token = \"s3cr3t\"\n"))).expect("token set");
+        assert_eq!(
+            c.admin_token().expect("token").as_ref().map(Secret::expose),
+            Some("s3cr3t")
+        );
+        assert!(
+            !format!("{c:?}").contains("s3cr3t"),
+            "the token must never print"
+        );
     }
 
     #[test]
@@ -606,7 +730,10 @@ key = "/user"
         std::fs::write(&token, "abc\n").expect("write");
         let body = format!("{MINIMAL}\n[admin]\ntoken_file = \"{}\"\n", token.display());
         let c = Config::load(&write(&dir, &body)).expect("load");
-        assert_eq!(c.admin_token().expect("token").as_ref().map(Secret::expose), Some("abc"));
+        assert_eq!(
+            c.admin_token().expect("token").as_ref().map(Secret::expose),
+            Some("abc")
+        );
         std::fs::write(&token, " \n").expect("write");
         let err = Config::load(&write(&dir, &body)).expect_err("empty token file");
         assert!(err.to_string().contains("admin.token_file"), "{err}");
@@ -615,26 +742,63 @@ key = "/user"
     #[test]
     fn environment_keeps_dots_in_librdkafka_property_names() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let file = format!("{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"from-file\"\n\"sasl.username\" = \"u\"\n");
+        let file = format!(
+            "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"from-file\"\n\"sasl.username\" = \"u\"\n"
+        );
         let env = EnvOverrides {
             vars: vec![
                 ("KAFKA__PROPERTIES__SASL.PASSWORD".into(), "from-env".into()),
                 ("kafka__producer_properties__linger.ms".into(), "5".into()),
-                ("KAFKA__CONSUMER_PROPERTIES__SASL.PASSWORD".into(), "0123".into()),
+                (
+                    "KAFKA__CONSUMER_PROPERTIES__SASL.PASSWORD".into(),
+                    "0123".into(),
+                ),
                 ("JOB__INSTANCE".into(), "2".into()),
                 ("JOB__INSTANCES".into(), "3".into()),
             ],
         };
-        let c = Config::from_figment(Figment::new().merge(Toml::file(write(&dir, &file))).merge(env)).expect("load");
-        assert_eq!(c.kafka.properties.get("sasl.password").map(String::as_str), Some("from-env"));
-        assert_eq!(c.kafka.properties.get("sasl.username").map(String::as_str), Some("u"));
-        assert_eq!(c.kafka.producer_properties.get("linger.ms").map(String::as_str), Some("5"));
-        assert_eq!(c.kafka.consumer_properties.get("sasl.password").map(String::as_str), Some("0123"));
+        let c = Config::from_figment(
+            Figment::new()
+                .merge(Toml::file(write(&dir, &file)))
+                .merge(env),
+        )
+        .expect("load");
+        assert_eq!(
+            c.kafka.properties.get("sasl.password").map(String::as_str),
+            Some("from-env")
+        );
+        assert_eq!(
+            c.kafka.properties.get("sasl.username").map(String::as_str),
+            Some("u")
+        );
+        assert_eq!(
+            c.kafka
+                .producer_properties
+                .get("linger.ms")
+                .map(String::as_str),
+            Some("5")
+        );
+        assert_eq!(
+            c.kafka
+                .consumer_properties
+                .get("sasl.password")
+                .map(String::as_str),
+            Some("0123")
+        );
         assert_eq!(c.job.instance, 2);
-        let bad = EnvOverrides { vars: vec![("JOB__INSTANCE".into(), "x".into())] };
-        let err = Config::from_figment(Figment::new().merge(Toml::file(write(&dir, MINIMAL))).merge(bad))
-            .expect_err("a non-number instance must fail");
-        assert!(err.to_string().contains("JOB.INSTANCE") && err.to_string().contains("STREAMSTATE__"), "{err}");
+        let bad = EnvOverrides {
+            vars: vec![("JOB__INSTANCE".into(), "x".into())],
+        };
+        let err = Config::from_figment(
+            Figment::new()
+                .merge(Toml::file(write(&dir, MINIMAL)))
+                .merge(bad),
+        )
+        .expect_err("a non-number instance must fail");
+        assert!(
+            err.to_string().contains("JOB.INSTANCE") && err.to_string().contains("STREAMSTATE__"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -649,8 +813,12 @@ key = "/user"
             let path = entry.expect("entry").path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let text = std::fs::read_to_string(&path).expect("read");
-                let text = text.replace("/etc/streamstate/secrets/admin-token", &token.display().to_string());
-                Config::load(&write(&tmp, &text)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let text = text.replace(
+                    "/etc/streamstate/secrets/admin-token",
+                    &token.display().to_string(),
+                );
+                Config::load(&write(&tmp, &text))
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 loaded += 1;
             }
         }

@@ -15,7 +15,9 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use streamstate_state::{BroadcastContext, BroadcastState, MapStateDescriptor, StateError, StateStore};
+use streamstate_state::{
+    BroadcastContext, BroadcastState, MapStateDescriptor, StateError, StateStore,
+};
 
 use crate::decode::{DecodeError, parse_json};
 
@@ -50,13 +52,27 @@ pub type RulesView = Arc<RwLock<BTreeMap<String, RuleView>>>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleOutcome {
-    Applied { id: String, version: u64 },
-    Deleted { id: String },
+    Applied {
+        id: String,
+        version: u64,
+    },
+    Deleted {
+        id: String,
+    },
     /// Not newer than the applied version.
-    Ignored { id: String, version: u64, applied: u64 },
+    Ignored {
+        id: String,
+        version: u64,
+        applied: u64,
+    },
     Rejected(RuleRejection),
     /// The process function refused the update (the rule engine: not valid rule language).
-    Refused { id: String, version: u64, reason: &'static str, message: String },
+    Refused {
+        id: String,
+        version: u64,
+        reason: &'static str,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,7 +117,8 @@ impl Rules {
     /// Binds to the store's `rules` broadcast state (written only from here); `view` is
     /// what the admin server reads.
     pub fn new(store: &StateStore, view: RulesView) -> Self {
-        let state = BroadcastContext::new(store).broadcast_state(&MapStateDescriptor::<String, StoredRule>::new("rules"));
+        let state = BroadcastContext::new(store)
+            .broadcast_state(&MapStateDescriptor::<String, StoredRule>::new("rules"));
         Self { state, view }
     }
 
@@ -129,10 +146,20 @@ impl Rules {
         let applied = self.state.get(&id)?;
         let stored = match (parsed.version, applied) {
             // A tombstone removes whatever version is in force.
-            (None, Some(current)) => StoredRule { body: None, applied_at_ms: now_ms, partition, offset, ..current },
+            (None, Some(current)) => StoredRule {
+                body: None,
+                applied_at_ms: now_ms,
+                partition,
+                offset,
+                ..current
+            },
             (None, None) => return Ok(Err(RuleOutcome::Deleted { id })),
             (Some(v), Some(current)) if v <= current.version => {
-                return Ok(Err(RuleOutcome::Ignored { id, version: v, applied: current.version }));
+                return Ok(Err(RuleOutcome::Ignored {
+                    id,
+                    version: v,
+                    applied: current.version,
+                }));
             }
             (Some(version), _) => StoredRule {
                 version,
@@ -142,7 +169,11 @@ impl Rules {
                 offset,
             },
         };
-        Ok(Ok(Candidate { id, body: parsed.body, stored }))
+        Ok(Ok(Candidate {
+            id,
+            body: parsed.body,
+            stored,
+        }))
     }
 
     /// Puts an accepted candidate in force.
@@ -151,7 +182,14 @@ impl Rules {
         crate::crash_point!("apply-rule");
         self.state.put(&id, &stored)?;
         self.refresh_view()?;
-        Ok(if stored_is_deleted(&stored) { RuleOutcome::Deleted { id } } else { RuleOutcome::Applied { id, version: stored.version } })
+        Ok(if stored_is_deleted(&stored) {
+            RuleOutcome::Deleted { id }
+        } else {
+            RuleOutcome::Applied {
+                id,
+                version: stored.version,
+            }
+        })
     }
 
     /// `prepare` then `commit`, for callers that accept every update.
@@ -172,14 +210,20 @@ impl Rules {
 
     /// Rules in force (not deleted), from the view the last change refreshed.
     pub fn active(&self) -> usize {
-        self.view.read().map_or(0, |v| v.values().filter(|r| r.status != "deleted").count())
+        self.view
+            .read()
+            .map_or(0, |v| v.values().filter(|r| r.status != "deleted").count())
     }
 
     /// Rebuilds the admin view from broadcast state (after a restore or rewind).
     pub fn refresh_view(&self) -> Result<(), StateError> {
         let mut view = BTreeMap::new();
         for (id, r) in self.state.entries()? {
-            let rule = r.body.as_deref().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+            let rule = r
+                .body
+                .as_deref()
+                .and_then(|b| serde_json::from_str(b).ok())
+                .unwrap_or(Value::Null);
             let status = match rule.get("status").and_then(Value::as_str) {
                 _ if stored_is_deleted(&r) => "deleted".to_string(),
                 Some(s) => s.to_string(),
@@ -234,17 +278,31 @@ impl Candidate {
 
 fn parse(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Parsed, RuleRejection> {
     let key = key.filter(|k| !k.is_empty()).ok_or(RuleRejection::NoKey)?;
-    let id = std::str::from_utf8(key).map_err(|_| RuleRejection::KeyNotUtf8)?.to_string();
+    let id = std::str::from_utf8(key)
+        .map_err(|_| RuleRejection::KeyNotUtf8)?
+        .to_string();
     let Some(payload) = payload.filter(|p| !p.is_empty()) else {
-        return Ok(Parsed { id, version: None, body: None });
+        return Ok(Parsed {
+            id,
+            version: None,
+            body: None,
+        });
     };
     let value = parse_json(Some(payload), MAX_RULE_BYTES)?;
     let obj = value.as_object().ok_or(RuleRejection::NotObject)?;
     match obj.get("id").and_then(Value::as_str) {
         Some(body_id) if body_id == id => {}
-        other => return Err(RuleRejection::IdMismatch { key: id, id: other.unwrap_or_default().to_string() }),
+        other => {
+            return Err(RuleRejection::IdMismatch {
+                key: id,
+                id: other.unwrap_or_default().to_string(),
+            });
+        }
     }
-    let version = obj.get("version").and_then(Value::as_u64).ok_or(RuleRejection::BadVersion)?;
+    let version = obj
+        .get("version")
+        .and_then(Value::as_u64)
+        .ok_or(RuleRejection::BadVersion)?;
     let deleted = match obj.get("status").map(|s| s.as_str()) {
         Some(Some("deleted")) => true,
         Some(None) => return Err(RuleRejection::BadStatus),
@@ -252,7 +310,11 @@ fn parse(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Parsed, RuleRejec
         _ => false,
     };
     let body = (!deleted).then_some(value);
-    Ok(Parsed { id, version: Some(version), body })
+    Ok(Parsed {
+        id,
+        version: Some(version),
+        body,
+    })
 }
 
 #[cfg(test)]
@@ -262,24 +324,42 @@ mod tests {
 
     fn rules() -> (tempfile::TempDir, StateStore, Rules) {
         let dir = tempfile::tempdir().expect("dir");
-        let store = StateStore::open(StoreConfig::new(BackendKind::Hashmap, dir.path(), 4)).expect("store");
+        let store =
+            StateStore::open(StoreConfig::new(BackendKind::Hashmap, dir.path(), 4)).expect("store");
         let rules = Rules::new(&store, RulesView::default());
         (dir, store, rules)
     }
 
     fn apply(r: &Rules, key: &str, body: Option<&str>) -> RuleOutcome {
-        r.apply(Some(key.as_bytes()), body.map(str::as_bytes), 0, 0, 0).expect("apply")
+        r.apply(Some(key.as_bytes()), body.map(str::as_bytes), 0, 0, 0)
+            .expect("apply")
     }
 
     #[test]
     fn newer_versions_apply_and_older_ones_are_ignored() {
         let (_d, _s, r) = rules();
-        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":2}"#)), RuleOutcome::Applied { id: "a".into(), version: 2 });
+        assert_eq!(
+            apply(&r, "a", Some(r#"{"id":"a","version":2}"#)),
+            RuleOutcome::Applied {
+                id: "a".into(),
+                version: 2
+            }
+        );
         assert_eq!(
             apply(&r, "a", Some(r#"{"id":"a","version":2,"x":1}"#)),
-            RuleOutcome::Ignored { id: "a".into(), version: 2, applied: 2 }
+            RuleOutcome::Ignored {
+                id: "a".into(),
+                version: 2,
+                applied: 2
+            }
         );
-        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":3}"#)), RuleOutcome::Applied { id: "a".into(), version: 3 });
+        assert_eq!(
+            apply(&r, "a", Some(r#"{"id":"a","version":3}"#)),
+            RuleOutcome::Applied {
+                id: "a".into(),
+                version: 3
+            }
+        );
         assert_eq!(r.view().read().expect("view")["a"].version, 3);
         assert_eq!(r.active(), 1);
     }
@@ -288,11 +368,24 @@ mod tests {
     fn deletion_keeps_the_version_so_old_publishes_cannot_resurrect() {
         let (_d, _s, r) = rules();
         apply(&r, "a", Some(r#"{"id":"a","version":1}"#));
-        assert_eq!(apply(&r, "a", Some(r#"{"id":"a","version":2,"status":"deleted"}"#)), RuleOutcome::Deleted { id: "a".into() });
-        assert!(matches!(apply(&r, "a", Some(r#"{"id":"a","version":1}"#)), RuleOutcome::Ignored { .. }));
+        assert_eq!(
+            apply(
+                &r,
+                "a",
+                Some(r#"{"id":"a","version":2,"status":"deleted"}"#)
+            ),
+            RuleOutcome::Deleted { id: "a".into() }
+        );
+        assert!(matches!(
+            apply(&r, "a", Some(r#"{"id":"a","version":1}"#)),
+            RuleOutcome::Ignored { .. }
+        ));
         assert_eq!(r.active(), 0);
         apply(&r, "b", Some(r#"{"id":"b","version":1}"#));
-        assert_eq!(apply(&r, "b", None), RuleOutcome::Deleted { id: "b".into() });
+        assert_eq!(
+            apply(&r, "b", None),
+            RuleOutcome::Deleted { id: "b".into() }
+        );
         assert_eq!(r.active(), 0);
         assert_eq!(r.view().read().expect("view")["b"].status, "deleted");
     }
@@ -302,7 +395,10 @@ mod tests {
         let (_d, _s, r) = rules();
         apply(&r, "a", Some(r#"{"id":"a","version":1}"#));
         let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
-        let huge = format!(r#"{{"id":"a","version":9,"pad":"{}"}}"#, "x".repeat(MAX_RULE_BYTES));
+        let huge = format!(
+            r#"{{"id":"a","version":9,"pad":"{}"}}"#,
+            "x".repeat(MAX_RULE_BYTES)
+        );
         for (body, reason) in [
             ("{nope", "invalid_json"),
             ("[1,2]", "rule_not_object"),
@@ -317,7 +413,10 @@ mod tests {
                 other => panic!("{body:.40} must be rejected, got {other:?}"),
             }
         }
-        assert!(matches!(r.apply(None, Some(b"{}"), 0, 0, 0).expect("apply"), RuleOutcome::Rejected(RuleRejection::NoKey)));
+        assert!(matches!(
+            r.apply(None, Some(b"{}"), 0, 0, 0).expect("apply"),
+            RuleOutcome::Rejected(RuleRejection::NoKey)
+        ));
         assert_eq!(r.view().read().expect("view")["a"].version, 1);
     }
 
@@ -327,7 +426,9 @@ mod tests {
         apply(&r, "a", Some(r#"{"id":"a","version":4}"#));
         let snap = store.snapshot(1, &d.path().join("snap")).expect("snapshot");
         apply(&r, "a", Some(r#"{"id":"a","version":5}"#));
-        store.restore(&[(d.path().join("snap"), snap)]).expect("restore");
+        store
+            .restore(&[(d.path().join("snap"), snap)])
+            .expect("restore");
         r.refresh_view().expect("view");
         assert_eq!(r.view().read().expect("view")["a"].version, 4);
     }

@@ -32,8 +32,14 @@ pub enum DecodeError {
     MissingTimestamp(String),
     #[error("event time field {0} is not ms since the epoch or an RFC 3339 time")]
     BadTimestamp(String),
-    #[error("event time {timestamp_ms} ms is more than job.max_event_time_skew ({max_skew_ms} ms) from the wall clock ({now_ms} ms)")]
-    EventTimeOutOfRange { timestamp_ms: u64, now_ms: u64, max_skew_ms: u64 },
+    #[error(
+        "event time {timestamp_ms} ms is more than job.max_event_time_skew ({max_skew_ms} ms) from the wall clock ({now_ms} ms)"
+    )]
+    EventTimeOutOfRange {
+        timestamp_ms: u64,
+        now_ms: u64,
+        max_skew_ms: u64,
+    },
 }
 
 impl DecodeError {
@@ -76,7 +82,13 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn new(key_pointer: &str, max_record_bytes: usize, max_key_bytes: usize) -> Self {
-        Self { key_pointer: key_pointer.to_string(), max_record_bytes, max_key_bytes, timestamp_pointer: None, max_skew_ms: None }
+        Self {
+            key_pointer: key_pointer.to_string(),
+            max_record_bytes,
+            max_key_bytes,
+            timestamp_pointer: None,
+            max_skew_ms: None,
+        }
     }
 
     /// Also extract event time from this JSON pointer; events without it are refused.
@@ -92,7 +104,9 @@ impl Decoder {
     }
 
     pub fn decode(&self, payload: Option<&[u8]>) -> Result<Event, DecodeError> {
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         self.decode_at(payload, now_ms)
     }
 
@@ -100,19 +114,26 @@ impl Decoder {
     pub fn decode_at(&self, payload: Option<&[u8]>, now_ms: u64) -> Result<Event, DecodeError> {
         let value = parse_json(payload, self.max_record_bytes)?;
         let key = match value.pointer(&self.key_pointer) {
-            None | Some(Value::Null) => return Err(DecodeError::MissingKey(self.key_pointer.clone())),
+            None | Some(Value::Null) => {
+                return Err(DecodeError::MissingKey(self.key_pointer.clone()));
+            }
             Some(Value::String(s)) => s.clone(),
             Some(Value::Number(n)) => n.to_string(),
             Some(_) => return Err(DecodeError::KeyNotScalar(self.key_pointer.clone())),
         };
         if key.len() > self.max_key_bytes {
-            return Err(DecodeError::KeyTooLarge { size: key.len(), max: self.max_key_bytes });
+            return Err(DecodeError::KeyTooLarge {
+                size: key.len(),
+                max: self.max_key_bytes,
+            });
         }
         let timestamp_ms = match &self.timestamp_pointer {
             None => None,
             Some(p) => Some(match value.pointer(p) {
                 None | Some(Value::Null) => return Err(DecodeError::MissingTimestamp(p.clone())),
-                Some(Value::Number(n)) => n.as_u64().ok_or_else(|| DecodeError::BadTimestamp(p.clone()))?,
+                Some(Value::Number(n)) => n
+                    .as_u64()
+                    .ok_or_else(|| DecodeError::BadTimestamp(p.clone()))?,
                 Some(Value::String(s)) => humantime::parse_rfc3339_weak(s)
                     .ok()
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -124,17 +145,30 @@ impl Decoder {
         if let (Some(ts), Some(max_skew_ms)) = (timestamp_ms, self.max_skew_ms)
             && ts.abs_diff(now_ms) > max_skew_ms
         {
-            return Err(DecodeError::EventTimeOutOfRange { timestamp_ms: ts, now_ms, max_skew_ms });
+            return Err(DecodeError::EventTimeOutOfRange {
+                timestamp_ms: ts,
+                now_ms,
+                max_skew_ms,
+            });
         }
-        Ok(Event { key, value, timestamp_ms })
+        Ok(Event {
+            key,
+            value,
+            timestamp_ms,
+        })
     }
 }
 
 /// Bytes → JSON with the limits every record from Kafka gets (size, UTF-8, nesting).
 pub fn parse_json(payload: Option<&[u8]>, max_bytes: usize) -> Result<Value, DecodeError> {
-    let bytes = payload.filter(|b| !b.is_empty()).ok_or(DecodeError::Empty)?;
+    let bytes = payload
+        .filter(|b| !b.is_empty())
+        .ok_or(DecodeError::Empty)?;
     if bytes.len() > max_bytes {
-        return Err(DecodeError::TooLarge { size: bytes.len(), max: max_bytes });
+        return Err(DecodeError::TooLarge {
+            size: bytes.len(),
+            max: max_bytes,
+        });
     }
     let text = std::str::from_utf8(bytes).map_err(|e| DecodeError::NotUtf8(e.valid_up_to()))?;
     if nesting_depth(text) > MAX_DEPTH {
@@ -180,8 +214,14 @@ mod tests {
     #[test]
     fn extracts_string_and_numeric_keys() {
         let d = decoder();
-        assert_eq!(d.decode(Some(br#"{"user":"u1","n":1}"#)).map(|e| e.key), Ok("u1".into()));
-        assert_eq!(d.decode(Some(br#"{"user":42}"#)).map(|e| e.key), Ok("42".into()));
+        assert_eq!(
+            d.decode(Some(br#"{"user":"u1","n":1}"#)).map(|e| e.key),
+            Ok("u1".into())
+        );
+        assert_eq!(
+            d.decode(Some(br#"{"user":42}"#)).map(|e| e.key),
+            Ok("42".into())
+        );
     }
 
     #[test]
@@ -194,37 +234,68 @@ mod tests {
         assert_eq!(reason(Some(br#"{"other":1}"#)), Err("missing_key"));
         assert_eq!(reason(Some(br#"{"user":null}"#)), Err("missing_key"));
         assert_eq!(reason(Some(br#"{"user":{"a":1}}"#)), Err("key_not_scalar"));
-        assert_eq!(reason(Some(br#"{"user":"0123456789abcdefXYZ"}"#)), Err("key_too_large"));
+        assert_eq!(
+            reason(Some(br#"{"user":"0123456789abcdefXYZ"}"#)),
+            Err("key_too_large")
+        );
         assert_eq!(reason(Some(&[b' '; 2048])), Err("too_large"));
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         let d2 = Decoder::new("/user", 1 << 20, 16);
-        assert_eq!(d2.decode(Some(deep.as_bytes())).map_err(|e| e.reason()), Err("too_deep"));
+        assert_eq!(
+            d2.decode(Some(deep.as_bytes())).map_err(|e| e.reason()),
+            Err("too_deep")
+        );
     }
 
     #[test]
     fn reads_event_time_as_epoch_ms_or_rfc3339_and_refuses_anything_else() {
         let d = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts"));
-        let ts = |p: &[u8]| d.decode(Some(p)).map(|e| e.timestamp_ms).map_err(|e| e.reason());
-        assert_eq!(ts(br#"{"user":"u","ts":1700000000123}"#), Ok(Some(1_700_000_000_123)));
-        assert_eq!(ts(br#"{"user":"u","ts":"2023-11-14T22:13:20.123Z"}"#), Ok(Some(1_700_000_000_123)));
+        let ts = |p: &[u8]| {
+            d.decode(Some(p))
+                .map(|e| e.timestamp_ms)
+                .map_err(|e| e.reason())
+        };
+        assert_eq!(
+            ts(br#"{"user":"u","ts":1700000000123}"#),
+            Ok(Some(1_700_000_000_123))
+        );
+        assert_eq!(
+            ts(br#"{"user":"u","ts":"2023-11-14T22:13:20.123Z"}"#),
+            Ok(Some(1_700_000_000_123))
+        );
         assert_eq!(ts(br#"{"user":"u"}"#), Err("missing_timestamp"));
         assert_eq!(ts(br#"{"user":"u","ts":-5}"#), Err("bad_timestamp"));
-        assert_eq!(ts(br#"{"user":"u","ts":"yesterday"}"#), Err("bad_timestamp"));
+        assert_eq!(
+            ts(br#"{"user":"u","ts":"yesterday"}"#),
+            Err("bad_timestamp")
+        );
         assert_eq!(ts(br#"{"user":"u","ts":[1]}"#), Err("bad_timestamp"));
     }
 
     #[test]
     fn event_times_further_than_the_skew_from_now_are_out_of_range() {
         let day = std::time::Duration::from_secs(86_400);
-        let d = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts")).with_max_skew(Some(day));
+        let d = Decoder::new("/user", 1024, 16)
+            .with_timestamp(Some("/ts"))
+            .with_max_skew(Some(day));
         let now = 1_700_000_000_000u64;
-        let ts = |t: u64| d.decode_at(Some(format!(r#"{{"user":"u","ts":{t}}}"#).as_bytes()), now).map(|e| e.timestamp_ms).map_err(|e| e.reason());
+        let ts = |t: u64| {
+            d.decode_at(Some(format!(r#"{{"user":"u","ts":{t}}}"#).as_bytes()), now)
+                .map(|e| e.timestamp_ms)
+                .map_err(|e| e.reason())
+        };
         assert_eq!(ts(now - 3_600_000), Ok(Some(now - 3_600_000)));
-        assert_eq!(ts(now + 86_400_000), Ok(Some(now + 86_400_000)), "exactly the skew is in range");
+        assert_eq!(
+            ts(now + 86_400_000),
+            Ok(Some(now + 86_400_000)),
+            "exactly the skew is in range"
+        );
         assert_eq!(ts(now + 86_400_001), Err("event_time_out_of_range"));
         assert_eq!(ts(0), Err("event_time_out_of_range"));
         assert_eq!(ts(u64::MAX), Err("event_time_out_of_range"));
-        let year_3000 = d.decode_at(Some(br#"{"user":"u","ts":"3000-01-01T00:00:00Z"}"#), now).map_err(|e| e.reason());
+        let year_3000 = d
+            .decode_at(Some(br#"{"user":"u","ts":"3000-01-01T00:00:00Z"}"#), now)
+            .map_err(|e| e.reason());
         assert_eq!(year_3000, Err("event_time_out_of_range"));
         // Unset: no bound.
         let free = Decoder::new("/user", 1024, 16).with_timestamp(Some("/ts"));
@@ -235,6 +306,10 @@ mod tests {
     fn brackets_inside_strings_do_not_count_as_nesting() {
         let text = format!(r#"{{"user":"u","s":"{}"}}"#, "[".repeat(500));
         assert_eq!(nesting_depth(&text), 1);
-        assert!(Decoder::new("/user", 1 << 20, 16).decode(Some(text.as_bytes())).is_ok());
+        assert!(
+            Decoder::new("/user", 1 << 20, 16)
+                .decode(Some(text.as_bytes()))
+                .is_ok()
+        );
     }
 }

@@ -15,7 +15,8 @@ use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamstate::config::{
-    AdminConfig, CheckpointConfig, Config, FunctionKind, JobConfig, KafkaConfig, StartOffsets, StateConfig,
+    AdminConfig, CheckpointConfig, Config, FunctionKind, JobConfig, KafkaConfig, StartOffsets,
+    StateConfig,
 };
 use streamstate::job::Control;
 use streamstate::metrics::Metrics;
@@ -52,20 +53,35 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             idle_timeout: None,
             state_ttl: None,
         },
-        state: StateConfig { dir: work.join("state"), ..StateConfig::default() },
+        state: StateConfig {
+            dir: work.join("state"),
+            ..StateConfig::default()
+        },
         checkpoint: CheckpointConfig {
             storage: format!("file://{}", work.join("checkpoints").display()),
             ..CheckpointConfig::default()
         },
-        admin: AdminConfig { listen: admin, ..AdminConfig::default() },
+        admin: AdminConfig {
+            listen: admin,
+            ..AdminConfig::default()
+        },
     }
 }
 
 /// Starts the mock cluster and the event generator; returns the cluster (keep it alive).
-pub fn start_cluster() -> anyhow::Result<MockCluster<'static, rdkafka::producer::DefaultProducerContext>> {
+pub fn start_cluster()
+-> anyhow::Result<MockCluster<'static, rdkafka::producer::DefaultProducerContext>> {
     let cluster = MockCluster::new(1).context("starting librdkafka's mock cluster")?;
-    for (topic, partitions) in [("events", 4), ("results", 4), ("alerts", 1), ("events-dlq", 1), ("rules", 1)] {
-        cluster.create_topic(topic, partitions, 1).with_context(|| format!("creating topic {topic}"))?;
+    for (topic, partitions) in [
+        ("events", 4),
+        ("results", 4),
+        ("alerts", 1),
+        ("events-dlq", 1),
+        ("rules", 1),
+    ] {
+        cluster
+            .create_topic(topic, partitions, 1)
+            .with_context(|| format!("creating topic {topic}"))?;
     }
     publish_rules(&cluster.bootstrap_servers())?;
     Ok(cluster)
@@ -84,7 +100,10 @@ pub const DEMO_RULES: &[(&str, &str)] = &[
             "aggregate":{"fn":"sum","field":"/amount","window":{"type":"tumbling","size":"10s"},
                          "having":{"gt":1500},"emit":"on_match"},"output_topic":"alerts"}"#,
     ),
-    ("first-event-id", r#"{"id":"first-event-id","version":1,"kind":"dedup","dedup":{"field":"/event_id","ttl":"1m"}}"#),
+    (
+        "first-event-id",
+        r#"{"id":"first-event-id","version":1,"kind":"dedup","dedup":{"field":"/event_id","ttl":"1m"}}"#,
+    ),
     (
         "login-then-pay",
         r#"{"id":"login-then-pay","version":1,"kind":"sequence",
@@ -99,9 +118,13 @@ pub const DEMO_RULES: &[(&str, &str)] = &[
 ];
 
 fn publish_rules(bootstrap: &str) -> anyhow::Result<()> {
-    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
     for (id, rule) in DEMO_RULES {
-        producer.send(BaseRecord::to("rules").key(*id).payload(*rule)).map_err(|(e, _)| e)?;
+        producer
+            .send(BaseRecord::to("rules").key(*id).payload(*rule))
+            .map_err(|(e, _)| e)?;
     }
     producer.flush(Duration::from_secs(10))?;
     Ok(())
@@ -109,8 +132,10 @@ fn publish_rules(bootstrap: &str) -> anyhow::Result<()> {
 
 /// Produces sample events (1% of them garbage) at a steady rate until shutdown.
 pub fn generate(bootstrap: String, control: Arc<Control>) -> anyhow::Result<()> {
-    let producer: BaseProducer =
-        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("linger.ms", "5").create()?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "5")
+        .create()?;
     let mut rng = rand::rng();
     let started = Instant::now();
     let mut sent: u64 = 0;
@@ -123,12 +148,24 @@ pub fn generate(bootstrap: String, control: Arc<Control>) -> anyhow::Result<()> 
                 "{this is not json".to_string()
             } else {
                 let action = actions[rng.random_range(0..actions.len())];
-                let amount = if rng.random_ratio(1, 200) { rng.random_range(2_000..5_000) } else { rng.random_range(1..500) };
+                let amount = if rng.random_ratio(1, 200) {
+                    rng.random_range(2_000..5_000)
+                } else {
+                    rng.random_range(1..500)
+                };
                 // 1% re-sends of an earlier event id, for the dedup rule.
-                let id = if sent > 0 && rng.random_ratio(1, 100) { rng.random_range(0..sent) } else { sent };
-                format!(r#"{{"user_id":"{user}","type":"{action}","amount":{amount},"event_id":"e{id}"}}"#)
+                let id = if sent > 0 && rng.random_ratio(1, 100) {
+                    rng.random_range(0..sent)
+                } else {
+                    sent
+                };
+                format!(
+                    r#"{{"user_id":"{user}","type":"{action}","amount":{amount},"event_id":"e{id}"}}"#
+                )
             };
-            let record = BaseRecord::to("events").key(user.as_str()).payload(payload.as_str());
+            let record = BaseRecord::to("events")
+                .key(user.as_str())
+                .payload(payload.as_str());
             if let Err((e, _)) = producer.send(record) {
                 tracing::warn!(error = %e, "demo generator could not queue an event");
                 break;
@@ -169,7 +206,8 @@ mod tests {
     #[test]
     fn every_demo_rule_compiles() {
         for (id, rule) in super::DEMO_RULES {
-            let value: serde_json::Value = serde_json::from_str(rule).unwrap_or_else(|e| panic!("{id}: {e}"));
+            let value: serde_json::Value =
+                serde_json::from_str(rule).unwrap_or_else(|e| panic!("{id}: {e}"));
             assert_eq!(value["id"], *id);
             streamstate::rules::spec::compile(&value).unwrap_or_else(|e| panic!("{id}: {e}"));
         }

@@ -13,8 +13,8 @@ use serde_json::Value;
 use streamstate_state::{OperatorListState, SnapshotResult, StateStore, TimeDomain};
 
 use crate::function::{
-    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext, Output, OutputRecord,
-    ProcessFunction, Rejection, SourceRef,
+    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext,
+    Output, OutputRecord, ProcessFunction, Rejection, SourceRef,
 };
 
 /// Operator state holding each partition's highest event time, so the watermark after a
@@ -63,7 +63,11 @@ pub struct Driver {
 
 impl Driver {
     /// Opens `function` on `store` (empty or already restored).
-    pub fn new(store: StateStore, function: Box<dyn ProcessFunction>, event_time: EventTime) -> Result<Self, FunctionError> {
+    pub fn new(
+        store: StateStore,
+        function: Box<dyn ProcessFunction>,
+        event_time: EventTime,
+    ) -> Result<Self, FunctionError> {
         let watermark_state = store.union_list_state(WATERMARKS)?;
         let mut driver = Self {
             store,
@@ -92,7 +96,12 @@ impl Driver {
     }
 
     fn open(&mut self) -> Result<(), FunctionError> {
-        self.max_seen = self.watermark_state.get()?.into_iter().map(|(t, p, ts)| ((t, p), ts)).collect();
+        self.max_seen = self
+            .watermark_state
+            .get()?
+            .into_iter()
+            .map(|(t, p, ts)| ((t, p), ts))
+            .collect();
         self.watermark = self.max_seen.remove(&WATERMARK_ENTRY);
         self.last_event_at.clear();
         self.store.set_current_namespace(&[]);
@@ -121,10 +130,15 @@ impl Driver {
         if !self.event_time.enabled {
             return None;
         }
-        let idle_since = self.event_time.idle_timeout.map(|t| self.store.now_ms().saturating_sub(t.as_millis() as u64));
+        let idle_since = self
+            .event_time
+            .idle_timeout
+            .map(|t| self.store.now_ms().saturating_sub(t.as_millis() as u64));
         // Idle only after having been seen in this run: a partition restored from a
         // checkpoint gets a full timeout to deliver before it stops counting.
-        let idle = |p: &(String, i32)| idle_since.is_some_and(|since| self.last_event_at.get(p).is_some_and(|at| *at < since));
+        let idle = |p: &(String, i32)| {
+            idle_since.is_some_and(|since| self.last_event_at.get(p).is_some_and(|at| *at < since))
+        };
         let min = if self.partitions.is_empty() {
             *self.max_seen.values().min()?
         } else {
@@ -144,19 +158,29 @@ impl Driver {
 
     /// One event. In event-time mode `timestamp_ms` is required (the decoder refuses
     /// events without one) and an event older than the watermark is rejected as late.
-    pub fn element(&mut self, key: &str, value: &Value, timestamp_ms: Option<u64>, source: &SourceRef) -> Result<Produced, FunctionError> {
+    pub fn element(
+        &mut self,
+        key: &str,
+        value: &Value,
+        timestamp_ms: Option<u64>,
+        source: &SourceRef,
+    ) -> Result<Produced, FunctionError> {
         let watermark = self.watermark_ms();
         let timestamp_ms = match timestamp_ms {
             Some(ts) if self.event_time.enabled => {
                 if let Some(w) = watermark.filter(|w| ts < *w) {
-                    self.out.reject(LATE_EVENT, format!("event time {ts} ms is older than the watermark {w} ms"));
+                    self.out.reject(
+                        LATE_EVENT,
+                        format!("event time {ts} ms is older than the watermark {w} ms"),
+                    );
                     return Ok(self.out.take());
                 }
                 ts
             }
             _ => self.store.now_ms(),
         };
-        let key_group = streamstate_state::key_group_for(key.as_bytes(), self.store.max_parallelism());
+        let key_group =
+            streamstate_state::key_group_for(key.as_bytes(), self.store.max_parallelism());
         if !self.store.key_group_range().contains(key_group) {
             // Only with several instances: the producer did not partition by this key.
             self.out.reject(
@@ -171,14 +195,24 @@ impl Driver {
         }
         self.store.set_current_key(key.as_bytes())?;
         self.store.set_current_namespace(&[]);
-        let event = Event { key, value, timestamp_ms, source };
-        let result = self.function.process_element(&event, &KeyedContext::new(&self.store, timestamp_ms, watermark), &mut self.out);
+        let event = Event {
+            key,
+            value,
+            timestamp_ms,
+            source,
+        };
+        let result = self.function.process_element(
+            &event,
+            &KeyedContext::new(&self.store, timestamp_ms, watermark),
+            &mut self.out,
+        );
         self.store.set_current_namespace(&[]);
         result?;
         if self.event_time.enabled {
             let partition = (source.topic.clone(), source.partition);
             if self.event_time.idle_timeout.is_some() {
-                self.last_event_at.insert(partition.clone(), self.store.now_ms());
+                self.last_event_at
+                    .insert(partition.clone(), self.store.now_ms());
             }
             let seen = self.max_seen.entry(partition).or_insert(timestamp_ms);
             *seen = (*seen).max(timestamp_ms);
@@ -189,7 +223,11 @@ impl Driver {
     /// A control update already found newer than the version in force. A rejection
     /// means the function refused it; the caller keeps the old version.
     pub fn broadcast(&mut self, update: &BroadcastUpdate<'_>) -> Result<Produced, FunctionError> {
-        self.function.process_broadcast_element(update, &BroadcastContext::new(&self.store), &mut self.out)?;
+        self.function.process_broadcast_element(
+            update,
+            &BroadcastContext::new(&self.store),
+            &mut self.out,
+        )?;
         Ok(self.out.take())
     }
 
@@ -199,8 +237,13 @@ impl Driver {
         let mut records = Vec::new();
         let now = self.store.now_ms();
         let watermark = self.watermark_ms();
-        let due = |d: &Self, domain, up_to: Option<u64>| up_to.is_some_and(|t| d.store.next_timer(domain).is_some_and(|n| n <= t));
-        for (domain, up_to) in [(TimeDomain::ProcessingTime, Some(now)), (TimeDomain::EventTime, watermark)] {
+        let due = |d: &Self, domain, up_to: Option<u64>| {
+            up_to.is_some_and(|t| d.store.next_timer(domain).is_some_and(|n| n <= t))
+        };
+        for (domain, up_to) in [
+            (TimeDomain::ProcessingTime, Some(now)),
+            (TimeDomain::EventTime, watermark),
+        ] {
             // A timer may register another timer that is already due; loop until none is.
             while due(self, domain, up_to) {
                 let Some(up_to) = up_to else { break };
@@ -229,9 +272,17 @@ impl Driver {
     }
 
     /// The function's own snapshot hook, then the store's snapshot into `dir`.
-    pub fn snapshot(&mut self, checkpoint_id: u64, dir: &Path) -> Result<SnapshotResult, FunctionError> {
+    pub fn snapshot(
+        &mut self,
+        checkpoint_id: u64,
+        dir: &Path,
+    ) -> Result<SnapshotResult, FunctionError> {
         self.function.snapshot_state(checkpoint_id)?;
-        let mut marks: Vec<(String, i32, u64)> = self.max_seen.iter().map(|((t, p), ts)| (t.clone(), *p, *ts)).collect();
+        let mut marks: Vec<(String, i32, u64)> = self
+            .max_seen
+            .iter()
+            .map(|((t, p), ts)| (t.clone(), *p, *ts))
+            .collect();
         if let Some(w) = self.watermark {
             marks.push((WATERMARK_ENTRY.0.to_string(), WATERMARK_ENTRY.1, w));
         }
@@ -245,7 +296,9 @@ mod tests {
     use std::sync::Arc;
 
     use serde_json::json;
-    use streamstate_state::{BackendKind, ManualClock, StoreConfig, ValueState, ValueStateDescriptor};
+    use streamstate_state::{
+        BackendKind, ManualClock, StoreConfig, ValueState, ValueStateDescriptor,
+    };
 
     use super::*;
 
@@ -262,15 +315,28 @@ mod tests {
             self.opened += 1;
             Ok(())
         }
-        fn process_element(&mut self, e: &Event<'_>, ctx: &KeyedContext<'_>, _: &mut Output) -> Result<(), FunctionError> {
+        fn process_element(
+            &mut self,
+            e: &Event<'_>,
+            ctx: &KeyedContext<'_>,
+            _: &mut Output,
+        ) -> Result<(), FunctionError> {
             let sum = self.sum.as_ref().ok_or(FunctionError::NotOpen)?;
             sum.update(&(sum.value()?.unwrap_or(0) + e.value["n"].as_u64().unwrap_or(0)))?;
             ctx.register_event_time_timer(e.timestamp_ms + 10)
         }
-        fn on_timer(&mut self, t: &FiredTimer<'_>, _: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+        fn on_timer(
+            &mut self,
+            t: &FiredTimer<'_>,
+            _: &KeyedContext<'_>,
+            out: &mut Output,
+        ) -> Result<(), FunctionError> {
             let sum = self.sum.as_ref().ok_or(FunctionError::NotOpen)?;
             let key = String::from_utf8_lossy(t.key).to_string();
-            out.emit(&key, &json!({"key": key, "sum": sum.value()?, "at": t.timestamp_ms}))
+            out.emit(
+                &key,
+                &json!({"key": key, "sum": sum.value()?, "at": t.timestamp_ms}),
+            )
         }
     }
 
@@ -279,8 +345,16 @@ mod tests {
     }
 
     fn driver_with_clock(dir: &Path, clock: ManualClock, idle_timeout: Option<Duration>) -> Driver {
-        let store = StateStore::open_with_clock(StoreConfig::new(BackendKind::Hashmap, dir, 4), Arc::new(clock)).expect("store");
-        let time = EventTime { enabled: true, max_out_of_orderness: Duration::from_millis(5), idle_timeout };
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(BackendKind::Hashmap, dir, 4),
+            Arc::new(clock),
+        )
+        .expect("store");
+        let time = EventTime {
+            enabled: true,
+            max_out_of_orderness: Duration::from_millis(5),
+            idle_timeout,
+        };
         Driver::new(store, Box::new(DelayedSum::default()), time).expect("driver")
     }
 
@@ -290,22 +364,40 @@ mod tests {
         let clock = ManualClock::new(1_000);
         let mut d = driver_with_clock(dir.path(), clock.clone(), Some(Duration::from_secs(10)));
         d.set_partitions([("in".to_string(), 0), ("in".to_string(), 1)]);
-        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
-        d.element("b", &json!({"n": 1}), Some(500), &src(1, 0)).expect("element");
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0))
+            .expect("element");
+        d.element("b", &json!({"n": 1}), Some(500), &src(1, 0))
+            .expect("element");
         assert_eq!(d.watermark_ms(), Some(95));
         clock.advance(9_000);
-        d.element("b", &json!({"n": 1}), Some(900), &src(1, 1)).expect("element");
+        d.element("b", &json!({"n": 1}), Some(900), &src(1, 1))
+            .expect("element");
         assert_eq!(d.watermark_ms(), Some(95), "partition 0 is not idle yet");
         clock.advance(2_000);
-        assert_eq!(d.watermark_ms(), Some(895), "partition 0 idle for 11 s: partition 1 alone decides");
-        let (_, late) = d.element("a", &json!({"n": 1}), Some(120), &src(0, 1)).expect("element");
-        assert_eq!(late.map(|r| r.reason), Some(LATE_EVENT), "the resumed partition's old event is late");
-        d.element("a", &json!({"n": 1}), Some(897), &src(0, 2)).expect("element");
+        assert_eq!(
+            d.watermark_ms(),
+            Some(895),
+            "partition 0 idle for 11 s: partition 1 alone decides"
+        );
+        let (_, late) = d
+            .element("a", &json!({"n": 1}), Some(120), &src(0, 1))
+            .expect("element");
+        assert_eq!(
+            late.map(|r| r.reason),
+            Some(LATE_EVENT),
+            "the resumed partition's old event is late"
+        );
+        d.element("a", &json!({"n": 1}), Some(897), &src(0, 2))
+            .expect("element");
         assert_eq!(d.watermark_ms(), Some(895), "the watermark never goes back");
     }
 
     fn src(partition: i32, offset: i64) -> SourceRef {
-        SourceRef { topic: "in".into(), partition, offset }
+        SourceRef {
+            topic: "in".into(),
+            partition,
+            offset,
+        }
     }
 
     #[test]
@@ -314,28 +406,54 @@ mod tests {
         let mut d = driver(dir.path());
         d.set_partitions([("in".to_string(), 0), ("in".to_string(), 1)]);
         assert_eq!(d.watermark_ms(), None);
-        d.element("a", &json!({"n": 2}), Some(100), &src(0, 0)).expect("element");
-        d.element("a", &json!({"n": 3}), Some(104), &src(0, 1)).expect("element");
-        assert_eq!(d.watermark_ms(), None, "partition 1 has delivered nothing yet");
-        d.element("b", &json!({"n": 1}), Some(200), &src(1, 0)).expect("element");
-        assert_eq!(d.watermark_ms(), Some(99), "partition 0 holds the watermark back");
+        d.element("a", &json!({"n": 2}), Some(100), &src(0, 0))
+            .expect("element");
+        d.element("a", &json!({"n": 3}), Some(104), &src(0, 1))
+            .expect("element");
+        assert_eq!(
+            d.watermark_ms(),
+            None,
+            "partition 1 has delivered nothing yet"
+        );
+        d.element("b", &json!({"n": 1}), Some(200), &src(1, 0))
+            .expect("element");
+        assert_eq!(
+            d.watermark_ms(),
+            Some(99),
+            "partition 0 holds the watermark back"
+        );
         assert!(d.fire_timers().expect("fire").is_empty());
-        d.element("a", &json!({"n": 0}), Some(150), &src(0, 2)).expect("element");
+        d.element("a", &json!({"n": 0}), Some(150), &src(0, 2))
+            .expect("element");
         let fired = d.fire_timers().expect("fire");
         // Timers at 110 and 114 (key a) are due at watermark 145; 160 (a) and 210 (b) are not.
-        let values: Vec<Value> = fired.iter().map(|r| serde_json::from_slice(&r.value).expect("json")).collect();
-        assert_eq!(values, vec![json!({"key": "a", "sum": 5, "at": 110}), json!({"key": "a", "sum": 5, "at": 114})]);
+        let values: Vec<Value> = fired
+            .iter()
+            .map(|r| serde_json::from_slice(&r.value).expect("json"))
+            .collect();
+        assert_eq!(
+            values,
+            vec![
+                json!({"key": "a", "sum": 5, "at": 110}),
+                json!({"key": "a", "sum": 5, "at": 114})
+            ]
+        );
     }
 
     #[test]
     fn late_events_are_rejected_without_reaching_the_function() {
         let dir = tempfile::tempdir().expect("dir");
         let mut d = driver(dir.path());
-        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
-        let (records, rejection) = d.element("a", &json!({"n": 50}), Some(90), &src(0, 1)).expect("element");
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0))
+            .expect("element");
+        let (records, rejection) = d
+            .element("a", &json!({"n": 50}), Some(90), &src(0, 1))
+            .expect("element");
         assert!(records.is_empty());
         assert_eq!(rejection.map(|r| r.reason), Some(LATE_EVENT));
-        let (_, ok) = d.element("a", &json!({"n": 1}), Some(95), &src(0, 2)).expect("element");
+        let (_, ok) = d
+            .element("a", &json!({"n": 1}), Some(95), &src(0, 2))
+            .expect("element");
         assert_eq!(ok, None, "within max_out_of_orderness is on time");
     }
 
@@ -343,17 +461,28 @@ mod tests {
     fn restore_brings_back_the_watermark_and_reopens_the_function() {
         let dir = tempfile::tempdir().expect("dir");
         let mut d = driver(dir.path());
-        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0)).expect("element");
+        d.element("a", &json!({"n": 1}), Some(100), &src(0, 0))
+            .expect("element");
         let snap = d.snapshot(1, &dir.path().join("snap")).expect("snapshot");
-        d.element("a", &json!({"n": 1}), Some(500), &src(0, 1)).expect("element");
+        d.element("a", &json!({"n": 1}), Some(500), &src(0, 1))
+            .expect("element");
         assert_eq!(d.watermark_ms(), Some(495));
-        d.reset(Some((dir.path().join("snap"), snap))).expect("reset");
+        d.reset(Some((dir.path().join("snap"), snap)))
+            .expect("reset");
         assert_eq!(d.watermark_ms(), Some(95));
         let fired = d.fire_timers().expect("fire");
-        assert!(fired.is_empty(), "the timer at 110 is still pending at watermark 95");
-        d.element("a", &json!({"n": 1}), Some(120), &src(0, 1)).expect("element");
+        assert!(
+            fired.is_empty(),
+            "the timer at 110 is still pending at watermark 95"
+        );
+        d.element("a", &json!({"n": 1}), Some(120), &src(0, 1))
+            .expect("element");
         let fired = d.fire_timers().expect("fire");
         let v: Value = serde_json::from_slice(&fired[0].value).expect("json");
-        assert_eq!(v, json!({"key": "a", "sum": 2, "at": 110}), "state and timers as of the checkpoint");
+        assert_eq!(
+            v,
+            json!({"key": "a", "sum": 2, "at": 110}),
+            "state and timers as of the checkpoint"
+        );
     }
 }

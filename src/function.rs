@@ -44,9 +44,10 @@
 use serde::Serialize;
 use serde_json::Value;
 use streamstate_state::{
-    AggregateFunction, AggregatingState, AggregatingStateDescriptor, BroadcastState, ListState, ListStateDescriptor,
-    MapState, MapStateDescriptor, OperatorListState, ReadOnlyBroadcastState, ReducingState, ReducingStateDescriptor,
-    StateError, StateStore, StateValue, TimeDomain, ValueState, ValueStateDescriptor,
+    AggregateFunction, AggregatingState, AggregatingStateDescriptor, BroadcastState, ListState,
+    ListStateDescriptor, MapState, MapStateDescriptor, OperatorListState, ReadOnlyBroadcastState,
+    ReducingState, ReducingStateDescriptor, StateError, StateStore, StateValue, TimeDomain,
+    ValueState, ValueStateDescriptor,
 };
 
 /// Where an input record came from. Outputs caused by one event name it.
@@ -108,7 +109,12 @@ pub trait ProcessFunction: Send {
     fn open(&mut self, ctx: &OpenContext<'_>) -> Result<(), FunctionError>;
 
     /// One event. Keyed state and timers are scoped to `event.key`.
-    fn process_element(&mut self, event: &Event<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError>;
+    fn process_element(
+        &mut self,
+        event: &Event<'_>,
+        ctx: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError>;
 
     /// A newer version of a control-topic entry (or its deletion). Calling
     /// [`Output::reject`] refuses it: the runtime then keeps the previous version in
@@ -125,7 +131,12 @@ pub trait ProcessFunction: Send {
     }
 
     /// A timer this function registered came due.
-    fn on_timer(&mut self, timer: &FiredTimer<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+    fn on_timer(
+        &mut self,
+        timer: &FiredTimer<'_>,
+        ctx: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
         let _ = (timer, ctx, out);
         Ok(())
     }
@@ -154,19 +165,34 @@ impl<'a> OpenContext<'a> {
     pub fn processing_time_ms(&self) -> u64 {
         self.store.now_ms()
     }
-    pub fn value_state<T: StateValue + Clone>(&self, d: &ValueStateDescriptor<T>) -> Result<ValueState<T>, FunctionError> {
+    pub fn value_state<T: StateValue + Clone>(
+        &self,
+        d: &ValueStateDescriptor<T>,
+    ) -> Result<ValueState<T>, FunctionError> {
         Ok(self.store.value_state(d)?)
     }
-    pub fn list_state<T: StateValue>(&self, d: &ListStateDescriptor<T>) -> Result<ListState<T>, FunctionError> {
+    pub fn list_state<T: StateValue>(
+        &self,
+        d: &ListStateDescriptor<T>,
+    ) -> Result<ListState<T>, FunctionError> {
         Ok(self.store.list_state(d)?)
     }
-    pub fn map_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> Result<MapState<K, V>, FunctionError> {
+    pub fn map_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> Result<MapState<K, V>, FunctionError> {
         Ok(self.store.map_state(d)?)
     }
-    pub fn reducing_state<T: StateValue>(&self, d: &ReducingStateDescriptor<T>) -> Result<ReducingState<T>, FunctionError> {
+    pub fn reducing_state<T: StateValue>(
+        &self,
+        d: &ReducingStateDescriptor<T>,
+    ) -> Result<ReducingState<T>, FunctionError> {
         Ok(self.store.reducing_state(d)?)
     }
-    pub fn aggregating_state<F>(&self, d: &AggregatingStateDescriptor<F>) -> Result<AggregatingState<F>, FunctionError>
+    pub fn aggregating_state<F>(
+        &self,
+        d: &AggregatingStateDescriptor<F>,
+    ) -> Result<AggregatingState<F>, FunctionError>
     where
         F: AggregateFunction,
         F::Acc: StateValue,
@@ -174,15 +200,24 @@ impl<'a> OpenContext<'a> {
         Ok(self.store.aggregating_state(d)?)
     }
     /// Operator list state: split evenly across instances on rescale.
-    pub fn operator_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>, FunctionError> {
+    pub fn operator_list_state<T: StateValue>(
+        &self,
+        name: &str,
+    ) -> Result<OperatorListState<T>, FunctionError> {
         Ok(self.store.operator_list_state(name)?)
     }
     /// Union list state: every instance gets the whole list on rescale.
-    pub fn union_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>, FunctionError> {
+    pub fn union_list_state<T: StateValue>(
+        &self,
+        name: &str,
+    ) -> Result<OperatorListState<T>, FunctionError> {
         Ok(self.store.union_list_state(name)?)
     }
     /// Broadcast state, read-only (the keyed side's view; for rebuilding caches).
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> ReadOnlyBroadcastState<K, V> {
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> ReadOnlyBroadcastState<K, V> {
         self.store.read_only_broadcast_state(d)
     }
 }
@@ -197,7 +232,11 @@ pub struct KeyedContext<'a> {
 
 impl<'a> KeyedContext<'a> {
     pub fn new(store: &'a StateStore, timestamp_ms: u64, watermark_ms: Option<u64>) -> Self {
-        Self { store, timestamp_ms, watermark_ms }
+        Self {
+            store,
+            timestamp_ms,
+            watermark_ms,
+        }
     }
     /// The event's timestamp (or the timer's).
     pub fn timestamp_ms(&self) -> u64 {
@@ -231,7 +270,10 @@ impl<'a> KeyedContext<'a> {
     pub fn delete_processing_time_timer(&self, ts_ms: u64) -> Result<(), FunctionError> {
         Ok(self.store.delete_processing_time_timer(ts_ms)?)
     }
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> ReadOnlyBroadcastState<K, V> {
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> ReadOnlyBroadcastState<K, V> {
         self.store.read_only_broadcast_state(d)
     }
 }
@@ -245,7 +287,10 @@ impl<'a> BroadcastContext<'a> {
     pub fn new(store: &'a StateStore) -> Self {
         Self { store }
     }
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> BroadcastState<K, V> {
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> BroadcastState<K, V> {
         self.store.broadcast_state(d)
     }
     pub fn processing_time_ms(&self) -> u64 {
@@ -284,21 +329,37 @@ impl Output {
     }
 
     /// A JSON record to `topic` (or the output topic).
-    pub fn emit_to(&mut self, topic: Option<&str>, key: &str, value: &impl Serialize) -> Result<(), FunctionError> {
+    pub fn emit_to(
+        &mut self,
+        topic: Option<&str>,
+        key: &str,
+        value: &impl Serialize,
+    ) -> Result<(), FunctionError> {
         let value = serde_json::to_vec(value)?;
-        self.records.push(OutputRecord { topic: topic.map(str::to_string), key: Some(key.as_bytes().to_vec()), value });
+        self.records.push(OutputRecord {
+            topic: topic.map(str::to_string),
+            key: Some(key.as_bytes().to_vec()),
+            value,
+        });
         Ok(())
     }
 
     /// Raw bytes, for functions that do their own encoding.
     pub fn emit_bytes(&mut self, topic: Option<&str>, key: Option<&[u8]>, value: &[u8]) {
-        self.records.push(OutputRecord { topic: topic.map(str::to_string), key: key.map(<[u8]>::to_vec), value: value.to_vec() });
+        self.records.push(OutputRecord {
+            topic: topic.map(str::to_string),
+            key: key.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        });
     }
 
     /// Sends the input (event or control record) to the dead-letter topic with `reason`.
     /// For a control update it also means: keep the version in force.
     pub fn reject(&mut self, reason: &'static str, message: impl Into<String>) {
-        self.rejection = Some(Rejection { reason, message: message.into() });
+        self.rejection = Some(Rejection {
+            reason,
+            message: message.into(),
+        });
     }
 
     pub fn records(&self) -> &[OutputRecord] {

@@ -65,7 +65,13 @@ pub struct CheckpointRecord {
 }
 
 impl CheckpointRecord {
-    pub fn completed(trigger: Trigger, start_ms: u64, end_ms: u64, m: &Manifest, written: Option<WriteStats>) -> Self {
+    pub fn completed(
+        trigger: Trigger,
+        start_ms: u64,
+        end_ms: u64,
+        m: &Manifest,
+        written: Option<WriteStats>,
+    ) -> Self {
         Self {
             id: m.checkpoint.id,
             name: m.checkpoint.to_string(),
@@ -82,7 +88,14 @@ impl CheckpointRecord {
         }
     }
 
-    pub fn failed(id: u64, name: String, trigger: Trigger, start_ms: u64, end_ms: u64, error: String) -> Self {
+    pub fn failed(
+        id: u64,
+        name: String,
+        trigger: Trigger,
+        start_ms: u64,
+        end_ms: u64,
+        error: String,
+    ) -> Self {
         Self {
             id,
             name,
@@ -148,17 +161,30 @@ impl History {
 
     /// Newest first.
     pub fn checkpoints(&self) -> Vec<CheckpointRecord> {
-        self.0.read().map(|h| h.checkpoints.iter().rev().cloned().collect()).unwrap_or_default()
+        self.0
+            .read()
+            .map(|h| h.checkpoints.iter().rev().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The latest attempt with this numeric id or name.
     pub fn checkpoint(&self, id: u64) -> Option<CheckpointRecord> {
-        self.0.read().ok()?.checkpoints.iter().rev().find(|r| r.id == id).cloned()
+        self.0
+            .read()
+            .ok()?
+            .checkpoints
+            .iter()
+            .rev()
+            .find(|r| r.id == id)
+            .cloned()
     }
 
     /// Savepoints written by this process (any location), newest first.
     pub fn savepoints(&self) -> Vec<SavepointRecord> {
-        self.0.read().map(|h| h.savepoints.iter().rev().cloned().collect()).unwrap_or_default()
+        self.0
+            .read()
+            .map(|h| h.savepoints.iter().rev().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -170,7 +196,14 @@ mod tests {
     fn keeps_a_bounded_history_newest_first() {
         let h = History::default();
         for id in 0..(KEEP as u64 + 5) {
-            h.record_checkpoint(CheckpointRecord::failed(id, format!("chk-{id}-00000000"), Trigger::Manual, 0, 1, "x".into()));
+            h.record_checkpoint(CheckpointRecord::failed(
+                id,
+                format!("chk-{id}-00000000"),
+                Trigger::Manual,
+                0,
+                1,
+                "x".into(),
+            ));
         }
         let all = h.checkpoints();
         assert_eq!(all.len(), KEEP);

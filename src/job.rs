@@ -16,11 +16,11 @@ use streamstate_state::{SnapshotResult, StateStore, StoreConfig};
 use tracing::{error, info, warn};
 
 use crate::checkpoint::{
-    CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset, open_storage,
+    CheckpointError, CheckpointRef, CheckpointStorage, FORMAT_VERSION, Manifest, PartitionOffset,
+    open_storage,
 };
-use crate::config::{Config, StartOffsets};
 use crate::config::FunctionKind;
-use crate::{cluster, rescale};
+use crate::config::{Config, StartOffsets};
 use crate::control::{RuleOutcome, Rules, RulesView};
 use crate::decode::Decoder;
 use crate::driver::{Driver, EventTime};
@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
+use crate::{cluster, rescale};
 
 // Admin requests, savepoints, shutdown and observation: the job's edges, kept out of
 // the commit protocol below.
@@ -60,9 +61,17 @@ pub enum JobError {
          fixed at the first start. Keep state.max_parallelism at {found}, or re-key-group a savepoint offline \
          (docs/checkpoint-tools.md)"
     )]
-    MaxParallelism { what: String, found: u32, expected: u32 },
+    MaxParallelism {
+        what: String,
+        found: u32,
+        expected: u32,
+    },
     #[error("checkpoint file {file} (stored at {stored}) is damaged: {reason}")]
-    CorruptFile { file: String, stored: String, reason: String },
+    CorruptFile {
+        file: String,
+        stored: String,
+        reason: String,
+    },
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
     #[error(transparent)]
@@ -70,7 +79,10 @@ pub enum JobError {
     #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
-    StateDir { path: PathBuf, source: std::io::Error },
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("savepoint {id}: {reason}")]
     Savepoint { id: String, reason: String },
 }
@@ -129,7 +141,10 @@ pub struct Job {
     pipeline: Pipeline,
     requests: Option<std::sync::mpsc::Receiver<Request>>,
     /// `POST /stop`'s reply, answered once the final checkpoint is committed.
-    stopping: Option<(Option<crate::history::SavepointRecord>, Reply<Option<crate::history::SavepointRecord>>)>,
+    stopping: Option<(
+        Option<crate::history::SavepointRecord>,
+        Reply<Option<crate::history::SavepointRecord>>,
+    )>,
     /// State came from a savepoint: checkpoint it before processing anything.
     restored_from_savepoint: bool,
     /// Set while local state or checkpoint storage is full: not ready until a checkpoint
@@ -153,10 +168,17 @@ struct Pipeline {
 
 impl Job {
     /// [`Job::start_with`] the built-in function `[job] function` names.
-    pub fn start(config: Config, metrics: Metrics, control: Arc<Control>, options: StartOptions) -> Result<Self, JobError> {
+    pub fn start(
+        config: Config,
+        metrics: Metrics,
+        control: Arc<Control>,
+        options: StartOptions,
+    ) -> Result<Self, JobError> {
         let function: Box<dyn ProcessFunction> = match config.job.function {
             FunctionKind::Count => Box::new(Count::default()),
-            FunctionKind::Rules => Box::new(crate::rules::RuleEngine::new(&config, metrics.clone())),
+            FunctionKind::Rules => {
+                Box::new(crate::rules::RuleEngine::new(&config, metrics.clone()))
+            }
         };
         Self::start_with(config, metrics, control, options, function)
     }
@@ -172,19 +194,25 @@ impl Job {
     ) -> Result<Self, JobError> {
         let source = Source::new(&config)?;
         let servers = &config.kafka.bootstrap_servers;
-        let all_parts = source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
+        let all_parts =
+            source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
         let (instance, instances) = (config.job.instance, config.job.instances);
         // Key groups: fixed at the first start. Several instances need key group =
         // partition, so their default is one topic's partition count.
         let max_parallelism = config.state.max_parallelism.unwrap_or(if instances > 1 {
-            all_parts.iter().filter(|(t, _)| *t == all_parts[0].0).count() as u32
+            all_parts
+                .iter()
+                .filter(|(t, _)| *t == all_parts[0].0)
+                .count() as u32
         } else {
             all_parts.len() as u32
         });
         let ownership = cluster::ownership(&all_parts, max_parallelism, instances, instance)?;
         let parts = ownership.partitions.clone();
         let control_parts = match &config.kafka.control_topic {
-            Some(topic) => source.partitions(servers, "kafka.control_topic", std::slice::from_ref(topic))?,
+            Some(topic) => {
+                source.partitions(servers, "kafka.control_topic", std::slice::from_ref(topic))?
+            }
             None => Vec::new(),
         };
         // Fence first: once init_transactions returns, no older producer with our id can
@@ -203,8 +231,10 @@ impl Job {
                         expected: max_parallelism,
                     });
                 }
-                let set_offsets: Offsets =
-                    manifest_offsets(&set.offsets()).into_iter().filter(|(p, _)| parts.contains(p)).collect();
+                let set_offsets: Offsets = manifest_offsets(&set.offsets())
+                    .into_iter()
+                    .filter(|(p, _)| parts.contains(p))
+                    .collect();
                 let committed_now = source.committed_offsets(&parts)?;
                 if committed_now == set_offsets {
                     Some(set)
@@ -215,7 +245,11 @@ impl Job {
             }
             None => None,
         };
-        let committed = if from_set.is_some() { None } else { source.committed(&parts)? };
+        let committed = if from_set.is_some() {
+            None
+        } else {
+            source.committed(&parts)?
+        };
         let discarded = storage.discard_uncommitted(committed.as_ref().map(|c| &c.checkpoint))?;
         if !discarded.is_empty() {
             let names: Vec<String> = discarded.iter().map(ToString::to_string).collect();
@@ -229,7 +263,12 @@ impl Job {
         };
         let from_savepoint = match (&options.from_savepoint, from_set) {
             (_, Some(set)) => Some(restore_set(&config, &set, &parts, max_parallelism)?),
-            (Some(id), None) => Some(serve::restore_savepoint(&config, &options, id, committed.as_ref())?),
+            (Some(id), None) => Some(serve::restore_savepoint(
+                &config,
+                &options,
+                id,
+                committed.as_ref(),
+            )?),
             (None, None) => None,
         };
         let restored_from_savepoint = from_savepoint.is_some();
@@ -240,24 +279,41 @@ impl Job {
                 (fresh_store(&config, max_parallelism)?, None)
             }
             (None, Some(c)) => {
-                let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(|(state, m)| {
-                    if manifest_offsets(&m.offsets) != c.offsets {
-                        return Err(JobError::OffsetMismatch { name: c.checkpoint.to_string() });
-                    }
-                    Ok((state, m))
-                });
+                let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(
+                    |(state, m)| {
+                        if manifest_offsets(&m.offsets) != c.offsets {
+                            return Err(JobError::OffsetMismatch {
+                                name: c.checkpoint.to_string(),
+                            });
+                        }
+                        Ok((state, m))
+                    },
+                );
                 let (state, manifest) = match restored {
                     Ok(r) => r,
                     Err(e) if options.allow_older_checkpoint => {
                         error!(checkpoint = %c.checkpoint, error = %e, "committed checkpoint cannot be restored");
                         restore_older(&config, storage.as_ref(), &c.checkpoint)?
                     }
-                    Err(e) => return Err(JobError::Restore { name: c.checkpoint.to_string(), source: Box::new(e) }),
+                    Err(e) => {
+                        return Err(JobError::Restore {
+                            name: c.checkpoint.to_string(),
+                            source: Box::new(e),
+                        });
+                    }
                 };
                 storage.mark_complete(&manifest.checkpoint)?;
                 info!(checkpoint = %manifest.checkpoint, seconds = started.elapsed().as_secs_f64(), "restored state from checkpoint");
                 let now = unix_ms();
-                control.history.record_checkpoint(CheckpointRecord::completed(Trigger::Restored, manifest.created_at_ms, now, &manifest, None));
+                control
+                    .history
+                    .record_checkpoint(CheckpointRecord::completed(
+                        Trigger::Restored,
+                        manifest.created_at_ms,
+                        now,
+                        &manifest,
+                        None,
+                    ));
                 (state, Some(manifest))
             }
         };
@@ -273,8 +329,12 @@ impl Job {
                 expected: max_parallelism,
             });
         }
-        metrics.restore_duration.observe(started.elapsed().as_secs_f64());
-        metrics.restore_bytes.set(manifest.as_ref().map_or(0, |m| m.state.total_size() as i64));
+        metrics
+            .restore_duration
+            .observe(started.elapsed().as_secs_f64());
+        metrics
+            .restore_bytes
+            .set(manifest.as_ref().map_or(0, |m| m.state.total_size() as i64));
         let event_time = EventTime {
             enabled: config.job.timestamp.is_some(),
             max_out_of_orderness: config.job.max_out_of_orderness,
@@ -285,22 +345,45 @@ impl Job {
         let mut state = state;
         state.set_partitions(offsets.keys().cloned());
         source.assign(offsets.iter().chain(&control_offsets))?;
-        let rules = config.kafka.control_topic.as_ref().map(|_| Rules::new(state.store(), control.rules.clone()));
+        let rules = config
+            .kafka
+            .control_topic
+            .as_ref()
+            .map(|_| Rules::new(state.store(), control.rules.clone()));
         if let Some(rules) = &rules {
             rules.refresh_view()?;
             metrics.rules_active.set(rules.active() as i64);
         }
-        let next_checkpoint_id = storage.list()?.iter().map(|i| i.checkpoint.id).max().unwrap_or(0) + 1;
-        let decoder = Decoder::new(&config.job.key, config.job.max_record_bytes, config.job.max_key_bytes)
-            .with_timestamp(config.job.timestamp.as_deref())
-            .with_max_skew(config.job.max_event_time_skew);
+        let next_checkpoint_id = storage
+            .list()?
+            .iter()
+            .map(|i| i.checkpoint.id)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let decoder = Decoder::new(
+            &config.job.key,
+            config.job.max_record_bytes,
+            config.job.max_key_bytes,
+        )
+        .with_timestamp(config.job.timestamp.as_deref())
+        .with_max_skew(config.job.max_event_time_skew);
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
             transactional_id = %config.transactional_id(),
             "assigned partitions"
         );
-        let pipeline = Pipeline { config, metrics, decoder, sink, state, offsets, rules, control_offsets };
+        let pipeline = Pipeline {
+            config,
+            metrics,
+            decoder,
+            sink,
+            state,
+            offsets,
+            rules,
+            control_offsets,
+        };
         Ok(Self {
             source,
             storage,
@@ -328,12 +411,17 @@ impl Job {
         }
         self.recover_abortable(|job| job.catch_up_control())?;
         self.control.ready.store(true, Ordering::SeqCst);
-        let (interval, min_pause) = (self.pipeline.config.checkpoint.interval, self.pipeline.config.checkpoint.min_pause);
+        let (interval, min_pause) = (
+            self.pipeline.config.checkpoint.interval,
+            self.pipeline.config.checkpoint.min_pause,
+        );
         let mut due = Instant::now() + interval;
         let mut observed = Instant::now();
         loop {
             self.control.alive.store(true, Ordering::Relaxed);
-            self.control.heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
+            self.control
+                .heartbeat_ms
+                .store(unix_ms(), Ordering::Relaxed);
             self.serve_requests()?;
             if observed.elapsed() >= Duration::from_secs(1) {
                 self.observe();
@@ -343,7 +431,12 @@ impl Job {
                 return self.shut_down();
             }
             let now = Instant::now();
-            if now >= due || self.control.checkpoint_requested.swap(false, Ordering::SeqCst) {
+            if now >= due
+                || self
+                    .control
+                    .checkpoint_requested
+                    .swap(false, Ordering::SeqCst)
+            {
                 match self.recover_abortable(|job| job.checkpoint(Trigger::Periodic).map(drop)) {
                     Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
                     Err(e) => return Err(e),
@@ -363,8 +456,14 @@ impl Job {
                 None => self.pipeline.fire_timers(),
                 Some(Ok(msg)) => {
                     let started = Instant::now();
-                    let handled = self.pipeline.handle(&msg).and_then(|()| self.pipeline.fire_timers());
-                    self.pipeline.metrics.processing_duration.observe(started.elapsed().as_secs_f64());
+                    let handled = self
+                        .pipeline
+                        .handle(&msg)
+                        .and_then(|()| self.pipeline.fire_timers());
+                    self.pipeline
+                        .metrics
+                        .processing_duration
+                        .observe(started.elapsed().as_secs_f64());
                     handled
                 }
                 Some(Err(e)) => {
@@ -393,7 +492,8 @@ impl Job {
         }
         let ends = self.source.end_offsets(p.control_offsets.keys())?;
         let behind = |positions: &crate::source::Offsets| {
-            ends.iter().any(|(part, end)| positions.get(part).copied().unwrap_or(0) < *end)
+            ends.iter()
+                .any(|(part, end)| positions.get(part).copied().unwrap_or(0) < *end)
         };
         if behind(&p.control_offsets) {
             self.source.assign(p.control_offsets.iter())?;
@@ -404,10 +504,14 @@ impl Job {
                     Some(Ok(msg)) => {
                         let started = Instant::now();
                         p.handle(&msg)?;
-                        p.metrics.processing_duration.observe(started.elapsed().as_secs_f64());
+                        p.metrics
+                            .processing_duration
+                            .observe(started.elapsed().as_secs_f64());
                         read += 1;
                     }
-                    Some(Err(e)) => warn!(error = %e, "consumer error while reading the control topic"),
+                    Some(Err(e)) => {
+                        warn!(error = %e, "consumer error while reading the control topic")
+                    }
                     None => {}
                 }
                 if !behind(&self.source.positions()?) {
@@ -415,23 +519,38 @@ impl Job {
                 }
             }
             if behind(&self.source.positions()?) {
-                warn!(read, "control topic not read to its end within kafka.connect_timeout; starting input anyway");
+                warn!(
+                    read,
+                    "control topic not read to its end within kafka.connect_timeout; starting input anyway"
+                );
             } else {
-                info!(read, rules = p.rules.as_ref().map_or(0, Rules::active), "control topic read to its end");
+                info!(
+                    read,
+                    rules = p.rules.as_ref().map_or(0, Rules::active),
+                    "control topic read to its end"
+                );
             }
         }
-        self.source.assign(p.offsets.iter().chain(&p.control_offsets))?;
+        self.source
+            .assign(p.offsets.iter().chain(&p.control_offsets))?;
         Ok(())
     }
 
     /// Runs `step`; if the transaction must be aborted, aborts it and rewinds state and
     /// offsets to the last committed checkpoint, so the epoch is redone from scratch.
-    fn recover_abortable(&mut self, step: impl FnOnce(&mut Self) -> Result<(), JobError>) -> Result<(), JobError> {
+    fn recover_abortable(
+        &mut self,
+        step: impl FnOnce(&mut Self) -> Result<(), JobError>,
+    ) -> Result<(), JobError> {
         match step(self) {
             Err(JobError::Sink(SinkError::Abortable(e))) => {
                 warn!(error = %e, "aborting the epoch's transaction and rewinding to the last checkpoint");
                 self.pipeline.sink.abort()?;
-                self.pipeline.metrics.transactions.with_label_values(&["aborted"]).inc();
+                self.pipeline
+                    .metrics
+                    .transactions
+                    .with_label_values(&["aborted"])
+                    .inc();
                 self.rewind()
             }
             other => other,
@@ -447,11 +566,20 @@ impl Job {
         self.control.ready.store(false, Ordering::SeqCst);
         self.disk_full = true;
         error!(error = %cause, "disk full: aborting the epoch's transaction; not ready until space returns");
-        self.pipeline.metrics.transactions.with_label_values(&["aborted"]).inc();
+        self.pipeline
+            .metrics
+            .transactions
+            .with_label_values(&["aborted"])
+            .inc();
         self.pipeline.sink.abort()?;
         // A half-written attempt never lends its name to the next one.
         self.next_checkpoint_id += 1;
-        let staging = self.pipeline.config.state.dir.join(format!("staging-{}", self.pipeline.config.job.instance));
+        let staging = self
+            .pipeline
+            .config
+            .state
+            .dir
+            .join(format!("staging-{}", self.pipeline.config.job.instance));
         let _ = std::fs::remove_dir_all(staging);
         let mut backoff = Duration::from_millis(500);
         loop {
@@ -465,7 +593,9 @@ impl Job {
             }
             match self.rewind() {
                 Ok(()) => return Ok(()),
-                Err(e) if is_disk_full(&e) => warn!(error = %e, retry_in = ?backoff, "disk still full; cannot rewind yet"),
+                Err(e) if is_disk_full(&e) => {
+                    warn!(error = %e, retry_in = ?backoff, "disk still full; cannot rewind yet")
+                }
                 Err(e) => return Err(e),
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -478,7 +608,9 @@ impl Job {
             Some(c) => {
                 let manifest = self.storage.read_manifest(c)?;
                 let state = &mut p.state;
-                restore_into(&p.config, self.storage.as_ref(), &manifest, |from| Ok(state.reset(Some(from))?))?;
+                restore_into(&p.config, self.storage.as_ref(), &manifest, |from| {
+                    Ok(state.reset(Some(from))?)
+                })?;
                 Some(manifest)
             }
             None => {
@@ -487,7 +619,8 @@ impl Job {
             }
         };
         (p.offsets, p.control_offsets) = self.start.positions(manifest.as_ref());
-        self.source.assign(p.offsets.iter().chain(&p.control_offsets))?;
+        self.source
+            .assign(p.offsets.iter().chain(&p.control_offsets))?;
         if let Some(rules) = &p.rules {
             rules.refresh_view()?;
             p.metrics.rules_active.set(rules.active() as i64);
@@ -499,15 +632,27 @@ impl Job {
     /// A checkpoint, recorded in the history and the metrics whatever its outcome;
     /// returns the committed manifest.
     fn checkpoint(&mut self, trigger: Trigger) -> Result<Manifest, JobError> {
-        let (start_ms, name) = (unix_ms(), CheckpointRef::new(self.next_checkpoint_id, &self.run));
+        let (start_ms, name) = (
+            unix_ms(),
+            CheckpointRef::new(self.next_checkpoint_id, &self.run),
+        );
         let result = self.take_checkpoint();
         let end_ms = unix_ms();
         let record = match &result {
-            Ok((manifest, written)) => CheckpointRecord::completed(trigger, start_ms, end_ms, manifest, Some(*written)),
+            Ok((manifest, written)) => {
+                CheckpointRecord::completed(trigger, start_ms, end_ms, manifest, Some(*written))
+            }
             Err(e) => {
                 self.pipeline.metrics.checkpoints_failed.inc();
                 warn!(checkpoint = %name, ?trigger, error = %e, "checkpoint failed");
-                CheckpointRecord::failed(name.id, name.to_string(), trigger, start_ms, end_ms, e.to_string())
+                CheckpointRecord::failed(
+                    name.id,
+                    name.to_string(),
+                    trigger,
+                    start_ms,
+                    end_ms,
+                    e.to_string(),
+                )
             }
         };
         if record.error.is_none() {
@@ -531,7 +676,11 @@ impl Job {
         let started = Instant::now();
         let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
         let p = &mut self.pipeline;
-        let staging = p.config.state.dir.join(format!("staging-{}", p.config.job.instance));
+        let staging = p
+            .config
+            .state
+            .dir
+            .join(format!("staging-{}", p.config.job.instance));
         remove_dir(&staging)?;
         let state = p.state.snapshot(checkpoint.id, &staging)?;
         let manifest = Manifest {
@@ -539,7 +688,9 @@ impl Job {
             checkpoint: checkpoint.clone(),
             app_id: p.config.kafka.app_id.clone(),
             instance: p.config.job.instance,
-            created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            created_at_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             offsets: partition_offsets(&p.offsets),
             control_offsets: partition_offsets(&p.control_offsets),
             state,
@@ -547,7 +698,10 @@ impl Job {
         let written = self.storage.write(&manifest, &staging)?;
         remove_dir(&staging)?;
         crash_point!("after-snapshot");
-        let group = self.source.group_metadata().ok_or(JobError::NoGroupMetadata)?;
+        let group = self
+            .source
+            .group_metadata()
+            .ok_or(JobError::NoGroupMetadata)?;
         let tpl = offsets_for_commit(&p.offsets, &checkpoint).map_err(SinkError::Kafka)?;
         p.sink.send_offsets(&tpl, &group)?;
         crash_point!("before-commit");
@@ -555,12 +709,18 @@ impl Job {
             p.metrics.transactions.with_label_values(&["failed"]).inc();
             return Err(e.into());
         }
-        p.metrics.transactions.with_label_values(&["committed"]).inc();
+        p.metrics
+            .transactions
+            .with_label_values(&["committed"])
+            .inc();
         self.last_committed = Some(checkpoint.clone());
         crash_point!("after-commit");
         // After the commit the checkpoint is the state whatever happens here; a full disk
         // only delays marking and pruning (restore marks the committed one complete).
-        match self.storage.mark_complete(&checkpoint).and_then(|()| self.storage.prune(p.config.checkpoint.retained, &checkpoint)) {
+        match self.storage.mark_complete(&checkpoint).and_then(|()| {
+            self.storage
+                .prune(p.config.checkpoint.retained, &checkpoint)
+        }) {
             Err(e) if is_disk_full(&e) => {
                 warn!(checkpoint = %checkpoint, error = %e, "disk full: checkpoint committed but not marked complete or pruned")
             }
@@ -570,13 +730,22 @@ impl Job {
         let secs = started.elapsed().as_secs_f64();
         p.metrics.checkpoints_completed.inc();
         p.metrics.checkpoint_duration.observe(secs);
-        p.metrics.last_checkpoint_incremental_bytes.set(written.bytes_written as i64);
-        p.metrics.last_checkpoint_bytes.set(written.bytes_total as i64);
         p.metrics
-            .last_checkpoint_completed_timestamp
-            .set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64));
+            .last_checkpoint_incremental_bytes
+            .set(written.bytes_written as i64);
+        p.metrics
+            .last_checkpoint_bytes
+            .set(written.bytes_total as i64);
+        p.metrics.last_checkpoint_completed_timestamp.set(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+        );
         for ((t, part), o) in &p.offsets {
-            p.metrics.partition_offset.with_label_values(&[t, &part.to_string()]).set(*o);
+            p.metrics
+                .partition_offset
+                .with_label_values(&[t, &part.to_string()])
+                .set(*o);
         }
         Ok((manifest, written))
     }
@@ -587,27 +756,44 @@ impl Pipeline {
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
         if self.config.kafka.control_topic.as_deref() == Some(topic) {
             self.handle_control(msg)?;
-            self.control_offsets.insert((topic.to_string(), partition), offset + 1);
+            self.control_offsets
+                .insert((topic.to_string(), partition), offset + 1);
             return Ok(());
         }
         let partition_label = partition.to_string();
-        self.metrics.records_consumed.with_label_values(&[topic, &partition_label]).inc();
+        self.metrics
+            .records_consumed
+            .with_label_values(&[topic, &partition_label])
+            .inc();
         match self.decoder.decode(msg.payload()) {
             Ok(event) => {
-                let source = SourceRef { topic: topic.to_string(), partition, offset };
-                let (records, rejection) = self.state.element(&event.key, &event.value, event.timestamp_ms, &source)?;
+                let source = SourceRef {
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                };
+                let (records, rejection) =
+                    self.state
+                        .element(&event.key, &event.value, event.timestamp_ms, &source)?;
                 self.send(records)?;
                 if let Some(r) = rejection {
                     self.dead_letter(msg, r.reason, &r.message)?;
-                    self.metrics.records_dead_lettered.with_label_values(&[r.reason]).inc();
+                    self.metrics
+                        .records_dead_lettered
+                        .with_label_values(&[r.reason])
+                        .inc();
                 }
             }
             Err(err) => {
                 self.dead_letter(msg, err.reason(), &err.to_string())?;
-                self.metrics.records_dead_lettered.with_label_values(&[topic, &partition_label, err.reason()]).inc();
+                self.metrics
+                    .records_dead_lettered
+                    .with_label_values(&[topic, &partition_label, err.reason()])
+                    .inc();
             }
         }
-        self.offsets.insert((topic.to_string(), partition), offset + 1);
+        self.offsets
+            .insert((topic.to_string(), partition), offset + 1);
         crash_point!("mid-batch");
         Ok(())
     }
@@ -615,13 +801,21 @@ impl Pipeline {
     /// A control record: the runtime checks the version, the function accepts or refuses
     /// the update, and only an accepted one is put in force.
     fn handle_control(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
-        let Some(rules) = &self.rules else { return Ok(()) };
+        let Some(rules) = &self.rules else {
+            return Ok(());
+        };
         let (partition, offset) = (msg.partition(), msg.offset());
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let outcome = match rules.prepare(msg.key(), msg.payload(), partition, offset, now_ms)? {
             Err(outcome) => outcome,
             Ok(candidate) => {
-                let source = SourceRef { topic: msg.topic().to_string(), partition, offset };
+                let source = SourceRef {
+                    topic: msg.topic().to_string(),
+                    partition,
+                    offset,
+                };
                 let update = BroadcastUpdate {
                     id: &candidate.id,
                     version: candidate.version(),
@@ -632,7 +826,12 @@ impl Pipeline {
                 match refused {
                     Some(r) => {
                         let version = candidate.version();
-                        RuleOutcome::Refused { id: candidate.id, version, reason: r.reason, message: r.message }
+                        RuleOutcome::Refused {
+                            id: candidate.id,
+                            version,
+                            reason: r.reason,
+                            message: r.message,
+                        }
                     }
                     None => {
                         self.send(records)?;
@@ -650,7 +849,11 @@ impl Pipeline {
                 info!(rule = %id, "rule deleted");
                 "deleted"
             }
-            RuleOutcome::Ignored { id, version, applied } => {
+            RuleOutcome::Ignored {
+                id,
+                version,
+                applied,
+            } => {
                 info!(rule = %id, version, applied, "rule update ignored: not newer than the applied version");
                 "ignored"
             }
@@ -659,7 +862,12 @@ impl Pipeline {
                 self.dead_letter(msg, why.reason(), &why.to_string())?;
                 "rejected"
             }
-            RuleOutcome::Refused { id, version, reason, message } => {
+            RuleOutcome::Refused {
+                id,
+                version,
+                reason,
+                message,
+            } => {
                 warn!(rule = %id, version, reason, error = %message, "rule rejected; the last good version stays");
                 self.dead_letter(msg, reason, message)?;
                 "rejected"
@@ -678,30 +886,64 @@ impl Pipeline {
 
     fn send(&self, records: Vec<OutputRecord>) -> Result<(), JobError> {
         for r in records {
-            let topic = r.topic.as_deref().unwrap_or(&self.config.kafka.output_topic);
+            let topic = r
+                .topic
+                .as_deref()
+                .unwrap_or(&self.config.kafka.output_topic);
             self.sink.send(topic, r.key.as_deref(), &r.value, None)?;
-            self.metrics.records_produced.with_label_values(&[topic]).inc();
+            self.metrics
+                .records_produced
+                .with_label_values(&[topic])
+                .inc();
         }
         Ok(())
     }
 
     /// The original bytes go to the dead-letter topic unchanged, with why and where from
     /// in headers, inside the current transaction: exactly once, like any output.
-    fn dead_letter(&self, msg: &BorrowedMessage<'_>, reason: &str, detail: &str) -> Result<(), JobError> {
+    fn dead_letter(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        reason: &str,
+        detail: &str,
+    ) -> Result<(), JobError> {
         let (partition, offset) = (msg.partition().to_string(), msg.offset().to_string());
         let headers = OwnedHeaders::new()
-            .insert(Header { key: "streamstate.error.reason", value: Some(reason) })
-            .insert(Header { key: "streamstate.error.message", value: Some(detail) })
-            .insert(Header { key: "streamstate.source.topic", value: Some(msg.topic()) })
-            .insert(Header { key: "streamstate.source.partition", value: Some(partition.as_str()) })
-            .insert(Header { key: "streamstate.source.offset", value: Some(offset.as_str()) });
+            .insert(Header {
+                key: "streamstate.error.reason",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "streamstate.error.message",
+                value: Some(detail),
+            })
+            .insert(Header {
+                key: "streamstate.source.topic",
+                value: Some(msg.topic()),
+            })
+            .insert(Header {
+                key: "streamstate.source.partition",
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: "streamstate.source.offset",
+                value: Some(offset.as_str()),
+            });
         // An over-size record is cut to the limit so the dead-letter write itself cannot
         // fail; the whole record stays in the input topic at the offset in the headers.
         let payload = msg.payload().unwrap_or_default();
         let size = payload.len().to_string();
-        let headers = headers.insert(Header { key: "streamstate.source.size", value: Some(size.as_str()) });
+        let headers = headers.insert(Header {
+            key: "streamstate.source.size",
+            value: Some(size.as_str()),
+        });
         let payload = &payload[..payload.len().min(self.config.dead_letter_max_bytes())];
-        self.sink.send(&self.config.kafka.dead_letter_topic, msg.key(), payload, Some(headers))?;
+        self.sink.send(
+            &self.config.kafka.dead_letter_topic,
+            msg.key(),
+            payload,
+            Some(headers),
+        )?;
         Ok(())
     }
 }
@@ -714,14 +956,19 @@ fn read_and_restore(
 ) -> Result<(StateStore, Manifest), JobError> {
     let manifest = storage.read_manifest(checkpoint)?;
     let store = fresh_store(config, manifest.state.max_parallelism)?;
-    restore_into(config, storage, &manifest, |from| Ok(store.restore(&[from])?))?;
+    restore_into(config, storage, &manifest, |from| {
+        Ok(store.restore(&[from])?)
+    })?;
     Ok((store, manifest))
 }
 
 /// Empty state with `max_parallelism` key groups (this instance's range of them), in
 /// this instance's state directory.
 fn fresh_store(config: &Config, max_parallelism: u32) -> Result<StateStore, JobError> {
-    let work_dir = config.state.dir.join(format!("instance-{}", config.job.instance));
+    let work_dir = config
+        .state
+        .dir
+        .join(format!("instance-{}", config.job.instance));
     let store_config = StoreConfig::new(config.state.backend, work_dir, max_parallelism)
         .for_instance(config.job.instance, config.job.instances);
     Ok(StateStore::open(store_config)?)
@@ -740,7 +987,10 @@ fn restore_set(
     let mut fetched = Vec::new();
     let mut template = None;
     for (old, manifest) in rescale::manifests(config, set)? {
-        let dir = config.state.dir.join(format!("restore-{}-from-{old}", config.job.instance));
+        let dir = config
+            .state
+            .dir
+            .join(format!("restore-{}-from-{old}", config.job.instance));
         remove_dir(&dir)?;
         rescale::part_storage(config, old)?.fetch(&manifest, &dir)?;
         fetched.push((dir, manifest.state.clone()));
@@ -750,15 +1000,27 @@ fn restore_set(
     for (dir, _) in &fetched {
         remove_dir(dir)?;
     }
-    let template = template.ok_or_else(|| JobError::Rescale(rescale::RescaleError::Missing(set.name.clone())))?;
-    let offsets = set.offsets().into_iter().filter(|o| parts.contains(&(o.topic.clone(), o.partition))).collect();
+    let template = template
+        .ok_or_else(|| JobError::Rescale(rescale::RescaleError::Missing(set.name.clone())))?;
+    let offsets = set
+        .offsets()
+        .into_iter()
+        .filter(|o| parts.contains(&(o.topic.clone(), o.partition)))
+        .collect();
     info!(
         set = %set.name,
         from_instances = set.instances,
         key_groups = %store.key_group_range(),
         "restored this instance's share of the savepoint set"
     );
-    Ok((store, Manifest { offsets, control_offsets: set.control_offsets(), ..template }))
+    Ok((
+        store,
+        Manifest {
+            offsets,
+            control_offsets: set.control_offsets(),
+            ..template
+        },
+    ))
 }
 
 /// Fetches the files and loads them; the state layer checks every checksum before it
@@ -770,10 +1032,14 @@ fn restore_into(
     load: impl FnOnce((PathBuf, SnapshotResult)) -> Result<(), JobError>,
 ) -> Result<(), JobError> {
     let started = Instant::now();
-    let fetched = config.state.dir.join(format!("restore-{}", config.job.instance));
+    let fetched = config
+        .state
+        .dir
+        .join(format!("restore-{}", config.job.instance));
     storage.fetch(manifest, &fetched)?;
     crash_point!("during-restore");
-    load((fetched.clone(), manifest.state.clone())).map_err(|e| name_stored_file(e, &fetched, manifest, storage))?;
+    load((fetched.clone(), manifest.state.clone()))
+        .map_err(|e| name_stored_file(e, &fetched, manifest, storage))?;
     remove_dir(&fetched)?;
     info!(
         checkpoint = %manifest.checkpoint,
@@ -788,23 +1054,47 @@ fn restore_into(
 
 /// A damaged file found while loading names the local copy; say where it is stored too
 /// (`shared/<sha256>` for RocksDB SSTs), which is what an operator must repair.
-fn name_stored_file(e: JobError, fetched: &std::path::Path, manifest: &Manifest, storage: &dyn CheckpointStorage) -> JobError {
+fn name_stored_file(
+    e: JobError,
+    fetched: &std::path::Path,
+    manifest: &Manifest,
+    storage: &dyn CheckpointStorage,
+) -> JobError {
     let corrupt = match &e {
         JobError::State(streamstate_state::StateError::Corrupt { path, reason })
-        | JobError::Function(FunctionError::State(streamstate_state::StateError::Corrupt { path, reason })) => Some((path, reason)),
+        | JobError::Function(FunctionError::State(streamstate_state::StateError::Corrupt {
+            path,
+            reason,
+        })) => Some((path, reason)),
         _ => None,
     };
-    let Some((path, reason)) = corrupt else { return e };
-    let Some(file) = path.strip_prefix(fetched).ok().and_then(|rel| manifest.state.files.iter().find(|f| std::path::Path::new(&f.path) == rel))
-    else {
+    let Some((path, reason)) = corrupt else {
+        return e;
+    };
+    let Some(file) = path.strip_prefix(fetched).ok().and_then(|rel| {
+        manifest
+            .state
+            .files
+            .iter()
+            .find(|f| std::path::Path::new(&f.path) == rel)
+    }) else {
         return e;
     };
     let stored = if crate::checkpoint::is_shared(&file.path) {
         format!("{}/shared/{}", storage.describe(), file.sha256)
     } else {
-        format!("{}/{}/{}", storage.describe(), manifest.checkpoint, file.path)
+        format!(
+            "{}/{}/{}",
+            storage.describe(),
+            manifest.checkpoint,
+            file.path
+        )
     };
-    JobError::CorruptFile { file: file.path.clone(), stored, reason: reason.clone() }
+    JobError::CorruptFile {
+        file: file.path.clone(),
+        stored,
+        reason: reason.clone(),
+    }
 }
 
 /// The operator's explicit fallback: the newest intact completed checkpoint older than
@@ -814,8 +1104,12 @@ fn restore_older(
     storage: &dyn CheckpointStorage,
     broken: &CheckpointRef,
 ) -> Result<(StateStore, Manifest), JobError> {
-    let mut older: Vec<CheckpointRef> =
-        storage.list()?.into_iter().filter(|i| i.completed && i.checkpoint.id < broken.id).map(|i| i.checkpoint).collect();
+    let mut older: Vec<CheckpointRef> = storage
+        .list()?
+        .into_iter()
+        .filter(|i| i.completed && i.checkpoint.id < broken.id)
+        .map(|i| i.checkpoint)
+        .collect();
     older.sort();
     while let Some(candidate) = older.pop() {
         match read_and_restore(config, storage, &candidate) {
@@ -828,7 +1122,9 @@ fn restore_older(
                 );
                 return Ok((state, manifest));
             }
-            Err(e) => warn!(checkpoint = %candidate, error = %e, "older checkpoint cannot be restored either"),
+            Err(e) => {
+                warn!(checkpoint = %candidate, error = %e, "older checkpoint cannot be restored either")
+            }
         }
     }
     Err(JobError::Restore {
@@ -860,12 +1156,22 @@ impl Start {
             offsets.retain(|p, _| start.contains_key(p));
             offsets
         };
-        (merge(manifest.map(|m| &m.offsets), &self.input), merge(manifest.map(|m| &m.control_offsets), &self.control))
+        (
+            merge(manifest.map(|m| &m.offsets), &self.input),
+            merge(manifest.map(|m| &m.control_offsets), &self.control),
+        )
     }
 }
 
 fn partition_offsets(offsets: &Offsets) -> Vec<PartitionOffset> {
-    offsets.iter().map(|((topic, partition), offset)| PartitionOffset { topic: topic.clone(), partition: *partition, offset: *offset }).collect()
+    offsets
+        .iter()
+        .map(|((topic, partition), offset)| PartitionOffset {
+            topic: topic.clone(),
+            partition: *partition,
+            offset: *offset,
+        })
+        .collect()
 }
 
 /// Out of space (ENOSPC) or quota (EDQUOT) anywhere in the error's chain, including
@@ -874,8 +1180,10 @@ pub fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(err) = next {
         if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && (matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
-                || matches!(io.raw_os_error(), Some(28 | 122)))
+            && (matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) || matches!(io.raw_os_error(), Some(28 | 122)))
         {
             return true;
         }
@@ -890,15 +1198,23 @@ pub fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
 
 fn remove_dir(path: &std::path::Path) -> Result<(), JobError> {
     match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JobError::StateDir { path: path.to_path_buf(), source: e }),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JobError::StateDir {
+            path: path.to_path_buf(),
+            source: e,
+        }),
         _ => Ok(()),
     }
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn manifest_offsets(offsets: &[PartitionOffset]) -> Offsets {
-    offsets.iter().map(|o| ((o.topic.clone(), o.partition), o.offset)).collect()
+    offsets
+        .iter()
+        .map(|o| ((o.topic.clone(), o.partition), o.offset))
+        .collect()
 }

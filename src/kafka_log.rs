@@ -21,11 +21,14 @@ pub struct LogContext {
 impl ClientContext for LogContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                self.once(format!("{fac}: {message}"))
-            }
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => self.once(format!("{fac}: {message}")),
             RDKafkaLogLevel::Warning => warn!(target: "librdkafka", "{fac}: {message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => info!(target: "librdkafka", "{fac}: {message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(target: "librdkafka", "{fac}: {message}")
+            }
             RDKafkaLogLevel::Debug => debug!(target: "librdkafka", "{fac}: {message}"),
         }
     }
@@ -37,7 +40,9 @@ impl ClientContext for LogContext {
 
 impl LogContext {
     fn once(&self, text: String) {
-        let Ok(mut last) = self.last_error.lock() else { return };
+        let Ok(mut last) = self.last_error.lock() else {
+            return;
+        };
         match last.as_mut() {
             Some((prev, repeats)) if *prev == text => *repeats += 1,
             _ => {

@@ -11,14 +11,17 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use streamstate::{rescale, service, tools};
 use streamstate::config::Config;
 use streamstate::job::{Control, StartOptions};
 use streamstate::metrics::Metrics;
+use streamstate::{rescale, service, tools};
 use tracing::{error, info};
 
 #[derive(Parser)]
-#[command(version, about = "Stateful exactly-once stream jobs over Kafka, with Flink's state model")]
+#[command(
+    version,
+    about = "Stateful exactly-once stream jobs over Kafka, with Flink's state model"
+)]
 struct Cli {
     /// `text` for terminals, `json` for log collectors.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -122,17 +125,29 @@ fn main() -> ExitCode {
     let json_logs = matches!(cli.log_format, LogFormat::Json);
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::CheckConfig { config } => Config::load(&config).map(|_| println!("config ok")).map_err(Into::into),
-        Command::SavepointSet { config, name, instances, ids } => Config::load(&config).map_err(Into::into).and_then(|c| {
+        Command::CheckConfig { config } => Config::load(&config)
+            .map(|_| println!("config ok"))
+            .map_err(Into::into),
+        Command::SavepointSet {
+            config,
+            name,
+            instances,
+            ids,
+        } => Config::load(&config).map_err(Into::into).and_then(|c| {
             let set = rescale::create(&c, &name, instances, ids.as_deref())?;
             println!("{}", serde_json::to_string_pretty(&set)?);
             Ok(())
         }),
-        Command::RescalePlan { config, set } => Config::load(&config).map_err(Into::into).and_then(|c| {
-            let set = rescale::read(&c, &set)?;
-            println!("{}", serde_json::to_string_pretty(&rescale::plan(&set, c.job.instances)?)?);
-            Ok(())
-        }),
+        Command::RescalePlan { config, set } => {
+            Config::load(&config).map_err(Into::into).and_then(|c| {
+                let set = rescale::read(&c, &set)?;
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rescale::plan(&set, c.job.instances)?)?
+                );
+                Ok(())
+            })
+        }
         Command::Run {
             config,
             allow_older_checkpoint,
@@ -148,16 +163,29 @@ fn main() -> ExitCode {
                 ignore_committed_offsets,
                 from_savepoint_set,
             };
-            Config::load(&config).map_err(Into::into).and_then(|c| run_service(c, options))
+            Config::load(&config)
+                .map_err(Into::into)
+                .and_then(|c| run_service(c, options))
         }
-        Command::Demo { duration, admin_listen } => run_demo(duration.map(Into::into), admin_listen),
-        Command::Checkpoints { config, instance, command } => tools::run_checkpoints(&config, instance, command),
+        Command::Demo {
+            duration,
+            admin_listen,
+        } => run_demo(duration.map(Into::into), admin_listen),
+        Command::Checkpoints {
+            config,
+            instance,
+            command,
+        } => tools::run_checkpoints(&config, instance, command),
         Command::CheckRestore(args) => tools::check_restore::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let code = if e.is::<tools::Refused>() { ExitCode::from(tools::EXIT_REFUSED) } else { ExitCode::FAILURE };
+            let code = if e.is::<tools::Refused>() {
+                ExitCode::from(tools::EXIT_REFUSED)
+            } else {
+                ExitCode::FAILURE
+            };
             // One line, in the format the operator chose.
             let line = one_line(&e);
             if json_logs {
@@ -190,7 +218,10 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -204,7 +235,10 @@ fn run_service(config: Config, options: StartOptions) -> anyhow::Result<()> {
     Ok(service::serve(config, metrics, control, options, None)?)
 }
 
-fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) -> anyhow::Result<()> {
+fn run_demo(
+    duration: Option<std::time::Duration>,
+    admin: std::net::SocketAddr,
+) -> anyhow::Result<()> {
     let cluster = demo::start_cluster()?;
     let bootstrap = cluster.bootstrap_servers();
     let work = std::env::temp_dir().join(format!("streamstate-demo-{}", std::process::id()));
@@ -227,7 +261,13 @@ fn run_demo(duration: Option<std::time::Duration>, admin: std::net::SocketAddr) 
             control.shutdown.store(true, Ordering::SeqCst);
         });
     }
-    let result = service::serve(config, metrics, control.clone(), StartOptions::default(), None);
+    let result = service::serve(
+        config,
+        metrics,
+        control.clone(),
+        StartOptions::default(),
+        None,
+    );
     control.shutdown.store(true, Ordering::SeqCst);
     let _ = reporter.join();
     match generator.join() {

@@ -6,8 +6,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 #[derive(Clone)]
@@ -52,15 +52,24 @@ impl Metrics {
         let tp = &["topic", "partition"];
         let m = Self {
             records_consumed: IntCounterVec::new(
-                Opts::new("streamstate_records_consumed_total", "Records read from input topics."),
+                Opts::new(
+                    "streamstate_records_consumed_total",
+                    "Records read from input topics.",
+                ),
                 tp,
             )?,
             records_produced: IntCounterVec::new(
-                Opts::new("streamstate_records_produced_total", "Records sent to output topics (committed or not)."),
+                Opts::new(
+                    "streamstate_records_produced_total",
+                    "Records sent to output topics (committed or not).",
+                ),
                 &["topic"],
             )?,
             records_dead_lettered: IntCounterVec::new(
-                Opts::new("streamstate_records_dead_lettered_total", "Input records sent to the dead-letter topic."),
+                Opts::new(
+                    "streamstate_records_dead_lettered_total",
+                    "Input records sent to the dead-letter topic.",
+                ),
                 &["topic", "partition", "reason"],
             )?,
             checkpoints_completed: IntCounter::new(
@@ -68,8 +77,11 @@ impl Metrics {
                 "Checkpoints whose transaction committed.",
             )?,
             checkpoint_duration: Histogram::with_opts(
-                HistogramOpts::new("streamstate_checkpoint_duration_seconds", "Snapshot to commit, per checkpoint.")
-                    .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
+                HistogramOpts::new(
+                    "streamstate_checkpoint_duration_seconds",
+                    "Snapshot to commit, per checkpoint.",
+                )
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
             )?,
             last_checkpoint_bytes: IntGauge::new(
                 "streamstate_last_checkpoint_size_bytes",
@@ -84,51 +96,96 @@ impl Metrics {
                 "Unix time of the last completed checkpoint.",
             )?,
             transactions: IntCounterVec::new(
-                Opts::new("streamstate_transactions_total", "Kafka transactions by outcome."),
+                Opts::new(
+                    "streamstate_transactions_total",
+                    "Kafka transactions by outcome.",
+                ),
                 &["outcome"],
             )?,
             restore_duration: Histogram::with_opts(
-                HistogramOpts::new("streamstate_restore_duration_seconds", "Time to restore state at start.")
-                    .buckets(prometheus::exponential_buckets(0.001, 2.0, 18)?),
+                HistogramOpts::new(
+                    "streamstate_restore_duration_seconds",
+                    "Time to restore state at start.",
+                )
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 18)?),
             )?,
             partition_offset: IntGaugeVec::new(
-                Opts::new("streamstate_input_offset", "Next input offset to process, per partition."),
+                Opts::new(
+                    "streamstate_input_offset",
+                    "Next input offset to process, per partition.",
+                ),
                 tp,
             )?,
-            rules_active: IntGauge::new("streamstate_rules_active", "Rules in force from the control topic.")?,
+            rules_active: IntGauge::new(
+                "streamstate_rules_active",
+                "Rules in force from the control topic.",
+            )?,
             rule_updates: IntCounterVec::new(
-                Opts::new("streamstate_rule_updates_total", "Control-topic records by outcome."),
+                Opts::new(
+                    "streamstate_rule_updates_total",
+                    "Control-topic records by outcome.",
+                ),
                 &["outcome"],
             )?,
             processing_duration: Histogram::with_opts(
-                HistogramOpts::new("streamstate_processing_duration_seconds", "Time to process one input record (decode, state, produce).")
-                    .buckets(prometheus::exponential_buckets(0.000_005, 2.0, 18)?),
+                HistogramOpts::new(
+                    "streamstate_processing_duration_seconds",
+                    "Time to process one input record (decode, state, produce).",
+                )
+                .buckets(prometheus::exponential_buckets(0.000_005, 2.0, 18)?),
             )?,
             consumer_lag: IntGaugeVec::new(
-                Opts::new("streamstate_consumer_lag_records", "High watermark minus the next offset to process, per input partition."),
+                Opts::new(
+                    "streamstate_consumer_lag_records",
+                    "High watermark minus the next offset to process, per input partition.",
+                ),
                 tp,
             )?,
-            watermark_lag: Gauge::new("streamstate_watermark_lag_seconds", "Processing time minus the current watermark (set by the event-time driver; 0 until then).")?,
-            checkpoints_failed: IntCounter::new("streamstate_checkpoints_failed_total", "Checkpoint attempts that failed (their transaction was aborted).")?,
+            watermark_lag: Gauge::new(
+                "streamstate_watermark_lag_seconds",
+                "Processing time minus the current watermark (set by the event-time driver; 0 until then).",
+            )?,
+            checkpoints_failed: IntCounter::new(
+                "streamstate_checkpoints_failed_total",
+                "Checkpoint attempts that failed (their transaction was aborted).",
+            )?,
             time_since_last_checkpoint: Gauge::new(
                 "streamstate_time_since_last_checkpoint_seconds",
                 "Seconds since the last completed checkpoint (since process start before the first).",
             )?,
-            checkpoint_interval: Gauge::new("streamstate_checkpoint_interval_seconds", "The configured checkpoint.interval.")?,
-            restore_bytes: IntGauge::new("streamstate_restore_size_bytes", "Bytes of the checkpoint or savepoint restored at start.")?,
-            state_size: IntGauge::new("streamstate_state_size_bytes", "Estimated bytes of live state (RocksDB SST files and memtables).")?,
+            checkpoint_interval: Gauge::new(
+                "streamstate_checkpoint_interval_seconds",
+                "The configured checkpoint.interval.",
+            )?,
+            restore_bytes: IntGauge::new(
+                "streamstate_restore_size_bytes",
+                "Bytes of the checkpoint or savepoint restored at start.",
+            )?,
+            state_size: IntGauge::new(
+                "streamstate_state_size_bytes",
+                "Estimated bytes of live state (RocksDB SST files and memtables).",
+            )?,
             state_keys: IntGauge::new(
                 "streamstate_state_keys",
                 "Estimated keys in the state backend (RocksDB estimate-num-keys: one per value, list, map entry).",
             )?,
-            ttl_expired: IntCounter::new("streamstate_state_ttl_expired_total", "State entries removed because their TTL expired.")?,
+            ttl_expired: IntCounter::new(
+                "streamstate_state_ttl_expired_total",
+                "State entries removed because their TTL expired.",
+            )?,
             http_requests: IntCounterVec::new(
-                Opts::new("streamstate_http_requests_total", "Admin HTTP requests by route and status."),
+                Opts::new(
+                    "streamstate_http_requests_total",
+                    "Admin HTTP requests by route and status.",
+                ),
                 &["route", "status"],
             )?,
             http_duration: prometheus::HistogramVec::new(
-                HistogramOpts::new("streamstate_http_request_duration_seconds", "Admin HTTP request latency by route.")
-                    .buckets(prometheus::exponential_buckets(0.0005, 4.0, 10)?),
+                HistogramOpts::new(
+                    "streamstate_http_request_duration_seconds",
+                    "Admin HTTP request latency by route.",
+                )
+                .buckets(prometheus::exponential_buckets(0.0005, 4.0, 10)?),
                 &["route"],
             )?,
             started_at: now_secs(),
@@ -136,30 +193,43 @@ impl Metrics {
         };
         m.registry.register(Box::new(m.records_consumed.clone()))?;
         m.registry.register(Box::new(m.records_produced.clone()))?;
-        m.registry.register(Box::new(m.records_dead_lettered.clone()))?;
-        m.registry.register(Box::new(m.checkpoints_completed.clone()))?;
-        m.registry.register(Box::new(m.checkpoint_duration.clone()))?;
-        m.registry.register(Box::new(m.last_checkpoint_bytes.clone()))?;
-        m.registry.register(Box::new(m.last_checkpoint_incremental_bytes.clone()))?;
-        m.registry.register(Box::new(m.last_checkpoint_completed_timestamp.clone()))?;
+        m.registry
+            .register(Box::new(m.records_dead_lettered.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoints_completed.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoint_duration.clone()))?;
+        m.registry
+            .register(Box::new(m.last_checkpoint_bytes.clone()))?;
+        m.registry
+            .register(Box::new(m.last_checkpoint_incremental_bytes.clone()))?;
+        m.registry
+            .register(Box::new(m.last_checkpoint_completed_timestamp.clone()))?;
         m.registry.register(Box::new(m.transactions.clone()))?;
         m.registry.register(Box::new(m.restore_duration.clone()))?;
         m.registry.register(Box::new(m.partition_offset.clone()))?;
         m.registry.register(Box::new(m.rules_active.clone()))?;
         m.registry.register(Box::new(m.rule_updates.clone()))?;
-        m.registry.register(Box::new(m.processing_duration.clone()))?;
+        m.registry
+            .register(Box::new(m.processing_duration.clone()))?;
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
         m.registry.register(Box::new(m.watermark_lag.clone()))?;
-        m.registry.register(Box::new(m.checkpoints_failed.clone()))?;
-        m.registry.register(Box::new(m.time_since_last_checkpoint.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoints_failed.clone()))?;
+        m.registry
+            .register(Box::new(m.time_since_last_checkpoint.clone()))?;
         m.registry.register(Box::new(m.restore_bytes.clone()))?;
-        m.registry.register(Box::new(m.checkpoint_interval.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoint_interval.clone()))?;
         m.registry.register(Box::new(m.state_size.clone()))?;
         m.registry.register(Box::new(m.state_keys.clone()))?;
         m.registry.register(Box::new(m.ttl_expired.clone()))?;
         m.registry.register(Box::new(m.http_requests.clone()))?;
         m.registry.register(Box::new(m.http_duration.clone()))?;
-        let build = IntGaugeVec::new(Opts::new("streamstate_build_info", "Build of this binary (value 1)."), &["version"])?;
+        let build = IntGaugeVec::new(
+            Opts::new("streamstate_build_info", "Build of this binary (value 1)."),
+            &["version"],
+        )?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m.registry.register(Box::new(build))?;
         Ok(m)
@@ -173,16 +243,23 @@ impl Metrics {
     /// Sum over all label values; for progress lines, not for hot paths.
     pub fn total(v: &IntCounterVec) -> f64 {
         use prometheus::core::Collector;
-        v.collect().iter().flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value())).sum()
+        v.collect()
+            .iter()
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()))
+            .sum()
     }
 
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
         let last = self.last_checkpoint_completed_timestamp.get().max(0) as u64;
-        self.time_since_last_checkpoint.set(now_secs().saturating_sub(if last > 0 { last } else { self.started_at }) as f64);
+        self.time_since_last_checkpoint
+            .set(now_secs().saturating_sub(if last > 0 { last } else { self.started_at }) as f64);
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for well-formed metric families.
-        if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .is_err()
+        {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()
@@ -190,7 +267,9 @@ impl Metrics {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -202,7 +281,10 @@ mod tests {
         let m = Metrics::new().expect("metrics");
         m.records_consumed.with_label_values(&["in", "0"]).inc_by(3);
         let text = m.render();
-        assert!(text.contains("streamstate_records_consumed_total{partition=\"0\",topic=\"in\"} 3"), "{text}");
+        assert!(
+            text.contains("streamstate_records_consumed_total{partition=\"0\",topic=\"in\"} 3"),
+            "{text}"
+        );
         for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
             assert!(line.starts_with("# TYPE streamstate_"), "{line}");
         }

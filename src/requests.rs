@@ -24,11 +24,20 @@ pub enum Request {
     /// Take a checkpoint now (`POST /checkpoints`).
     Checkpoint { reply: Reply<CheckpointRecord> },
     /// Checkpoint, then write a savepoint with the same offsets (`POST /savepoints`).
-    Savepoint { target: Option<SavepointTarget>, reply: Reply<SavepointRecord> },
+    Savepoint {
+        target: Option<SavepointTarget>,
+        reply: Reply<SavepointRecord>,
+    },
     /// Stop polling, take the final checkpoint (and a savepoint), exit 0 (`POST /stop`).
-    Stop { savepoint: bool, reply: Reply<Option<SavepointRecord>> },
+    Stop {
+        savepoint: bool,
+        reply: Reply<Option<SavepointRecord>>,
+    },
     /// One key's state (`GET /state/{key}`).
-    State { key: String, reply: Reply<StateAnswer> },
+    State {
+        key: String,
+        reply: Reply<StateAnswer>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +45,10 @@ pub enum StateAnswer {
     Found(Value),
     NotFound,
     /// Another instance owns the key's key group.
-    NotOwned { key_group: u32, owner: u32 },
+    NotOwned {
+        key_group: u32,
+        owner: u32,
+    },
 }
 
 /// Both ends; the job takes the receiver once at start.
@@ -48,7 +60,10 @@ pub struct Requests {
 impl Default for Requests {
     fn default() -> Self {
         let (tx, rx) = sync_channel(CAPACITY);
-        Self { tx, rx: Mutex::new(Some(rx)) }
+        Self {
+            tx,
+            rx: Mutex::new(Some(rx)),
+        }
     }
 }
 
@@ -88,9 +103,15 @@ mod tests {
             r.send(Request::Checkpoint { reply: tx }).expect("room");
         }
         let (tx, _rx) = oneshot::channel();
-        assert_eq!(r.send(Request::Checkpoint { reply: tx }).err(), Some(SendError::Busy));
+        assert_eq!(
+            r.send(Request::Checkpoint { reply: tx }).err(),
+            Some(SendError::Busy)
+        );
         drop(rx);
         let (tx, _rx) = oneshot::channel();
-        assert_eq!(r.send(Request::Checkpoint { reply: tx }).err(), Some(SendError::Gone));
+        assert_eq!(
+            r.send(Request::Checkpoint { reply: tx }).err(),
+            Some(SendError::Gone)
+        );
     }
 }

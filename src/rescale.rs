@@ -58,7 +58,10 @@ fn document(name: &str) -> String {
 }
 
 /// Savepoint storage of instance `instance` (the default savepoint location).
-pub fn part_storage(config: &Config, instance: u32) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
+pub fn part_storage(
+    config: &Config,
+    instance: u32,
+) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
     let mut c = config.clone();
     c.job.instance = instance;
     savepoint::open(&c, &savepoint::default_location(&c)?)
@@ -66,23 +69,43 @@ pub fn part_storage(config: &Config, instance: u32) -> Result<Box<dyn Checkpoint
 
 /// Records the newest completed savepoint of each of instances `0..instances` (or the
 /// given ids, in instance order) as set `name`. Refuses unless the parts form a whole.
-pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]>) -> Result<SavepointSet, RescaleError> {
-    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+pub fn create(
+    config: &Config,
+    name: &str,
+    instances: u32,
+    ids: Option<&[String]>,
+) -> Result<SavepointSet, RescaleError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
         return Err(RescaleError::BadName(name.to_string()));
     }
-    let incomplete = |reason: String| RescaleError::Incomplete { name: name.to_string(), reason };
+    let incomplete = |reason: String| RescaleError::Incomplete {
+        name: name.to_string(),
+        reason,
+    };
     if let Some(ids) = ids
         && ids.len() != instances as usize
     {
-        return Err(incomplete(format!("{} savepoint ids given for {instances} instances", ids.len())));
+        return Err(incomplete(format!(
+            "{} savepoint ids given for {instances} instances",
+            ids.len()
+        )));
     }
     let mut parts = Vec::new();
     let mut max_parallelism = None;
     for i in 0..instances {
         let storage = part_storage(config, i)?;
         let chosen = match ids {
-            Some(ids) => savepoint::parse_savepoint_id(&ids[i as usize])
-                .ok_or_else(|| incomplete(format!("{:?} is not a savepoint id (sp-<n>-<run>)", ids[i as usize])))?,
+            Some(ids) => savepoint::parse_savepoint_id(&ids[i as usize]).ok_or_else(|| {
+                incomplete(format!(
+                    "{:?} is not a savepoint id (sp-<n>-<run>)",
+                    ids[i as usize]
+                ))
+            })?,
             None => {
                 // Newest by time: ids restart when an instance's checkpoint history does.
                 let mut newest: Option<(u64, crate::checkpoint::CheckpointRef)> = None;
@@ -92,13 +115,16 @@ pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]
                         newest = Some((at, c.checkpoint));
                     }
                 }
-                newest.map(|(_, c)| c).ok_or_else(|| incomplete(format!("instance {i} has no completed savepoint")))?
+                newest
+                    .map(|(_, c)| c)
+                    .ok_or_else(|| incomplete(format!("instance {i} has no completed savepoint")))?
             }
         };
         let manifest = storage.read_manifest(&chosen)?;
         let r = &manifest.state;
         let expected = KeyGroupRange::for_instance(r.max_parallelism, instances, i);
-        if manifest.instance != i || r.instance_count != instances || r.key_group_range != expected {
+        if manifest.instance != i || r.instance_count != instances || r.key_group_range != expected
+        {
             return Err(incomplete(format!(
                 "savepoint {} is instance {} of {} (key groups {}), not instance {i} of {instances} ({expected})",
                 savepoint::savepoint_id(&chosen),
@@ -122,7 +148,9 @@ pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]
         name: name.to_string(),
         instances,
         max_parallelism: max_parallelism.ok_or_else(|| incomplete("no instances".into()))?,
-        created_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        created_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
         parts,
     };
     let bytes = serde_json::to_vec_pretty(&set).map_err(|e| incomplete(e.to_string()))?;
@@ -132,19 +160,30 @@ pub fn create(config: &Config, name: &str, instances: u32, ids: Option<&[String]
 }
 
 pub fn read(config: &Config, name: &str) -> Result<SavepointSet, RescaleError> {
-    let bytes = part_storage(config, 0)?.get_document(&document(name))?.ok_or_else(|| RescaleError::Missing(name.to_string()))?;
-    serde_json::from_slice(&bytes).map_err(|e| RescaleError::Corrupt { name: name.to_string(), reason: e.to_string() })
+    let bytes = part_storage(config, 0)?
+        .get_document(&document(name))?
+        .ok_or_else(|| RescaleError::Missing(name.to_string()))?;
+    serde_json::from_slice(&bytes).map_err(|e| RescaleError::Corrupt {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 impl SavepointSet {
     /// The parts whose keyed state overlaps `range`.
     pub fn parts_for(&self, range: KeyGroupRange) -> Vec<&SetPart> {
-        self.parts.iter().filter(|p| p.key_groups.intersects(&range)).collect()
+        self.parts
+            .iter()
+            .filter(|p| p.key_groups.intersects(&range))
+            .collect()
     }
 
     /// Input offsets of every partition, from the part that owned it.
     pub fn offsets(&self) -> Vec<PartitionOffset> {
-        self.parts.iter().flat_map(|p| p.offsets.iter().cloned()).collect()
+        self.parts
+            .iter()
+            .flat_map(|p| p.offsets.iter().cloned())
+            .collect()
     }
 
     /// Control-topic offsets every new instance starts from: the lowest any part had read,
@@ -152,10 +191,18 @@ impl SavepointSet {
     pub fn control_offsets(&self) -> Vec<PartitionOffset> {
         let mut min = std::collections::BTreeMap::<(String, i32), i64>::new();
         for o in self.parts.iter().flat_map(|p| &p.control_offsets) {
-            let e = min.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
+            let e = min
+                .entry((o.topic.clone(), o.partition))
+                .or_insert(o.offset);
             *e = (*e).min(o.offset);
         }
-        min.into_iter().map(|((topic, partition), offset)| PartitionOffset { topic, partition, offset }).collect()
+        min.into_iter()
+            .map(|((topic, partition), offset)| PartitionOffset {
+                topic,
+                partition,
+                offset,
+            })
+            .collect()
     }
 }
 
@@ -176,7 +223,10 @@ pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, Rescal
     if instances == 0 || instances > set.max_parallelism {
         return Err(RescaleError::Incomplete {
             name: set.name.clone(),
-            reason: format!("{instances} instances cannot share {} key groups", set.max_parallelism),
+            reason: format!(
+                "{instances} instances cannot share {} key groups",
+                set.max_parallelism
+            ),
         });
     }
     Ok((0..instances)
@@ -185,20 +235,37 @@ pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, Rescal
             PlanEntry {
                 instance: i,
                 key_groups,
-                keyed_state_from: set.parts_for(key_groups).iter().map(|p| p.instance).collect(),
-                offsets: set.offsets().into_iter().filter(|o| key_groups.contains(o.partition as u32)).collect(),
+                keyed_state_from: set
+                    .parts_for(key_groups)
+                    .iter()
+                    .map(|p| p.instance)
+                    .collect(),
+                offsets: set
+                    .offsets()
+                    .into_iter()
+                    .filter(|o| key_groups.contains(o.partition as u32))
+                    .collect(),
             }
         })
         .collect())
 }
 
 /// Reads every part's manifest (what a restore fetches).
-pub fn manifests(config: &Config, set: &SavepointSet) -> Result<Vec<(u32, Manifest)>, RescaleError> {
+pub fn manifests(
+    config: &Config,
+    set: &SavepointSet,
+) -> Result<Vec<(u32, Manifest)>, RescaleError> {
     let mut out = Vec::new();
     for p in &set.parts {
-        let id = savepoint::parse_savepoint_id(&p.savepoint)
-            .ok_or_else(|| RescaleError::Corrupt { name: set.name.clone(), reason: format!("bad part id {}", p.savepoint) })?;
-        out.push((p.instance, part_storage(config, p.instance)?.read_manifest(&id)?));
+        let id =
+            savepoint::parse_savepoint_id(&p.savepoint).ok_or_else(|| RescaleError::Corrupt {
+                name: set.name.clone(),
+                reason: format!("bad part id {}", p.savepoint),
+            })?;
+        out.push((
+            p.instance,
+            part_storage(config, p.instance)?.read_manifest(&id)?,
+        ));
     }
     Ok(out)
 }
@@ -212,8 +279,16 @@ mod tests {
             instance,
             savepoint: format!("sp-1-r{instance}"),
             key_groups: KeyGroupRange::new(start, end),
-            offsets: vec![PartitionOffset { topic: "in".into(), partition: instance as i32, offset: 10 }],
-            control_offsets: vec![PartitionOffset { topic: "rules".into(), partition: 0, offset: control }],
+            offsets: vec![PartitionOffset {
+                topic: "in".into(),
+                partition: instance as i32,
+                offset: 10,
+            }],
+            control_offsets: vec![PartitionOffset {
+                topic: "rules".into(),
+                partition: 0,
+                offset: control,
+            }],
         }
     }
 
@@ -226,7 +301,12 @@ mod tests {
             created_at_ms: 0,
             parts: vec![part(0, 0, 1, 7), part(1, 2, 2, 5), part(2, 3, 3, 9)],
         };
-        let ids = |r| set.parts_for(r).iter().map(|p| p.instance).collect::<Vec<_>>();
+        let ids = |r| {
+            set.parts_for(r)
+                .iter()
+                .map(|p| p.instance)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(ids(KeyGroupRange::new(0, 1)), vec![0]);
         assert_eq!(ids(KeyGroupRange::new(2, 3)), vec![1, 2]);
         assert_eq!(ids(KeyGroupRange::new(0, 3)), vec![0, 1, 2]);

@@ -40,27 +40,48 @@ pub struct SavepointRequest {
 
 /// Where savepoints go unless a request says otherwise.
 pub fn default_location(config: &Config) -> Result<StorageLocation, CheckpointError> {
-    let loc = config.checkpoint_location().map_err(|e| CheckpointError::Unsupported(e.to_string()))?;
+    let loc = config
+        .checkpoint_location()
+        .map_err(|e| CheckpointError::Unsupported(e.to_string()))?;
     Ok(match loc {
         StorageLocation::File(dir) => StorageLocation::File(dir.join(DIR)),
-        StorageLocation::S3 { bucket, prefix } if prefix.is_empty() => StorageLocation::S3 { bucket, prefix: DIR.into() },
-        StorageLocation::S3 { bucket, prefix } => StorageLocation::S3 { bucket, prefix: format!("{prefix}/{DIR}") },
+        StorageLocation::S3 { bucket, prefix } if prefix.is_empty() => StorageLocation::S3 {
+            bucket,
+            prefix: DIR.into(),
+        },
+        StorageLocation::S3 { bucket, prefix } => StorageLocation::S3 {
+            bucket,
+            prefix: format!("{prefix}/{DIR}"),
+        },
     })
 }
 
 /// Checks a client's target URL; the error is a sentence for a 400 answer.
 pub fn validate_target(config: &Config, raw: &str) -> Result<SavepointTarget, String> {
-    if raw.split(['/', '\\']).any(|seg| seg == ".." || seg.eq_ignore_ascii_case("%2e%2e")) || raw.contains("%2e%2e") || raw.contains("%2E%2E") {
+    if raw
+        .split(['/', '\\'])
+        .any(|seg| seg == ".." || seg.eq_ignore_ascii_case("%2e%2e"))
+        || raw.contains("%2e%2e")
+        || raw.contains("%2E%2E")
+    {
         return Err("target must not contain `..`".into());
     }
     let location = parse_storage_url("target", raw).map_err(|e| e.to_string())?;
     let checkpoints = config.checkpoint_location().map_err(|e| e.to_string())?;
     match (&location, &checkpoints) {
         (StorageLocation::File(path), _) => {
-            if !path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_))) {
+            if !path
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+            {
                 return Err("target must be a plain absolute path".into());
             }
-            let mut roots: Vec<&Path> = config.admin.savepoint_roots.iter().map(|p| p.as_path()).collect();
+            let mut roots: Vec<&Path> = config
+                .admin
+                .savepoint_roots
+                .iter()
+                .map(|p| p.as_path())
+                .collect();
             if let StorageLocation::File(base) = &checkpoints {
                 roots.push(base);
             }
@@ -68,18 +89,26 @@ pub fn validate_target(config: &Config, raw: &str) -> Result<SavepointTarget, St
                 return Err("target directory is not under the checkpoint directory or an admin.savepoint_roots entry".into());
             }
         }
-        (StorageLocation::S3 { bucket, .. }, StorageLocation::S3 { bucket: ours, .. }) if bucket == ours => {}
-        (StorageLocation::S3 { .. }, _) => return Err("an s3:// target must be in the checkpoint storage's bucket".into()),
+        (StorageLocation::S3 { bucket, .. }, StorageLocation::S3 { bucket: ours, .. })
+            if bucket == ours => {}
+        (StorageLocation::S3 { .. }, _) => {
+            return Err("an s3:// target must be in the checkpoint storage's bucket".into());
+        }
     }
     Ok(SavepointTarget { location })
 }
 
 /// Opens a savepoint location for this app and instance.
-pub fn open(config: &Config, location: &StorageLocation) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
+pub fn open(
+    config: &Config,
+    location: &StorageLocation,
+) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
     let (app, instance) = (&config.kafka.app_id, config.job.instance);
     match location {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(dir, app, instance)?)),
-        StorageLocation::S3 { bucket, prefix } => Ok(Box::new(S3Storage::open(bucket, prefix, app, instance)?)),
+        StorageLocation::S3 { bucket, prefix } => {
+            Ok(Box::new(S3Storage::open(bucket, prefix, app, instance)?))
+        }
     }
 }
 
@@ -103,7 +132,10 @@ pub fn parse_savepoint_id(id: &str) -> Option<CheckpointRef> {
 }
 
 /// Completed savepoints at `location`, newest first, from their manifests.
-pub fn list(config: &Config, location: &StorageLocation) -> Result<Vec<SavepointRecord>, CheckpointError> {
+pub fn list(
+    config: &Config,
+    location: &StorageLocation,
+) -> Result<Vec<SavepointRecord>, CheckpointError> {
     let storage = open(config, location)?;
     let url = location_url(location);
     let mut out = Vec::new();
@@ -175,10 +207,16 @@ mod tests {
 
     #[test]
     fn default_location_is_below_the_checkpoints() {
-        assert_eq!(default_location(&config("file:///d/c", &[])).ok(), Some(StorageLocation::File("/d/c/savepoints".into())));
+        assert_eq!(
+            default_location(&config("file:///d/c", &[])).ok(),
+            Some(StorageLocation::File("/d/c/savepoints".into()))
+        );
         assert_eq!(
             default_location(&config("s3://b", &[])).ok(),
-            Some(StorageLocation::S3 { bucket: "b".into(), prefix: "savepoints".into() })
+            Some(StorageLocation::S3 {
+                bucket: "b".into(),
+                prefix: "savepoints".into()
+            })
         );
     }
 }

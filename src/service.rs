@@ -19,7 +19,10 @@ pub enum ServiceError {
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("admin.listen: cannot bind {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error("registering metrics: {0}")]
@@ -34,7 +37,13 @@ pub enum ServiceError {
 /// checkpoint and returns) or a fatal error. For Rust users' own binaries.
 pub fn run(config: Config, function: Box<dyn ProcessFunction>) -> Result<(), ServiceError> {
     let metrics = Metrics::new()?;
-    serve(config, metrics, Arc::new(Control::default()), StartOptions::default(), Some(function))
+    serve(
+        config,
+        metrics,
+        Arc::new(Control::default()),
+        StartOptions::default(),
+        Some(function),
+    )
 }
 
 /// Like [`run`] with the pieces supplied; `function: None` runs the built-in
@@ -46,9 +55,14 @@ pub fn serve(
     options: StartOptions,
     function: Option<Box<dyn ProcessFunction>>,
 ) -> Result<(), ServiceError> {
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(ServiceError::Runtime)?;
-    metrics.checkpoint_interval.set(config.checkpoint.interval.as_secs_f64());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ServiceError::Runtime)?;
+    metrics
+        .checkpoint_interval
+        .set(config.checkpoint.interval.as_secs_f64());
     runtime.block_on(async {
         let listen = config.admin.listen;
         let listener = admin::bind(listen).await.map_err(|source| ServiceError::Bind { addr: listen, source })?;
@@ -79,7 +93,10 @@ pub fn serve(
 
 async fn shutdown_on_signal(control: Arc<Control>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         return;
     };
     tokio::select! {
@@ -94,7 +111,9 @@ async fn shutdown_on_signal(control: Arc<Control>) {
 /// (which the signal task records, also if it came before the hold began).
 async fn hold_until_signal(control: &Control) {
     while !control.signalled.load(Ordering::SeqCst) {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         control.heartbeat_ms.store(now, Ordering::Relaxed);
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }

@@ -27,7 +27,11 @@ pub enum SinkError {
     #[error("this instance was fenced by a newer one with transactional.id `{0}`: exiting")]
     Fenced(String),
     #[error("kafka producer: {what} did not succeed within {timeout:?}: {last}")]
-    TimedOut { what: &'static str, timeout: Duration, last: KafkaError },
+    TimedOut {
+        what: &'static str,
+        timeout: Duration,
+        last: KafkaError,
+    },
 }
 
 pub struct Sink {
@@ -43,24 +47,39 @@ impl Sink {
     /// Creates the producer and fences any older instance with the same transactional id.
     pub fn new(config: &Config) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
-        for (k, v) in config.kafka.properties.iter().chain(&config.kafka.producer_properties) {
+        for (k, v) in config
+            .kafka
+            .properties
+            .iter()
+            .chain(&config.kafka.producer_properties)
+        {
             cc.set(k, v);
         }
         let transactional_id = config.transactional_id();
         cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
             .set("transactional.id", &transactional_id)
             .set("enable.idempotence", "true")
-            .set("transaction.timeout.ms", config.kafka.transaction_timeout.as_millis().to_string())
+            .set(
+                "transaction.timeout.ms",
+                config.kafka.transaction_timeout.as_millis().to_string(),
+            )
             .set("linger.ms", "5");
-        let producer: ThreadedProducer<LogContext> =
-            cc.create_with_context(LogContext::default()).map_err(SinkError::Kafka)?;
-        let sink = Self { producer, transactional_id, timeout: config.checkpoint.timeout };
+        let producer: ThreadedProducer<LogContext> = cc
+            .create_with_context(LogContext::default())
+            .map_err(SinkError::Kafka)?;
+        let sink = Self {
+            producer,
+            transactional_id,
+            timeout: config.checkpoint.timeout,
+        };
         sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
         Ok(sink)
     }
 
     pub fn begin(&self) -> Result<(), SinkError> {
-        self.producer.begin_transaction().map_err(|e| self.classify(e))
+        self.producer
+            .begin_transaction()
+            .map_err(|e| self.classify(e))
     }
 
     /// Queues one record; waits for queue space rather than dropping anything.
@@ -97,7 +116,9 @@ impl Sink {
         offsets: &rdkafka::TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<(), SinkError> {
-        self.retrying("send_offsets_to_transaction", |p, t| p.send_offsets_to_transaction(offsets, group, t))
+        self.retrying("send_offsets_to_transaction", |p, t| {
+            p.send_offsets_to_transaction(offsets, group, t)
+        })
     }
 
     /// The one atomic decision point: outputs, offsets and the named checkpoint become
@@ -129,7 +150,11 @@ impl Sink {
                 Err(KafkaError::Transaction(e)) if e.is_retriable() && !e.is_fatal() => {
                     if attempts > 1 && Instant::now() >= deadline {
                         let last = KafkaError::Transaction(e);
-                        return Err(SinkError::TimedOut { what, timeout: self.timeout, last });
+                        return Err(SinkError::TimedOut {
+                            what,
+                            timeout: self.timeout,
+                            last,
+                        });
                     }
                     warn!(operation = what, error = %e, "retriable transaction error; retrying");
                 }
@@ -139,18 +164,29 @@ impl Sink {
     }
 
     fn classify(&self, e: KafkaError) -> SinkError {
-        let is_fencing =
-            |c| matches!(c, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch);
+        let is_fencing = |c| {
+            matches!(
+                c,
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+            )
+        };
         // A fatal error may surface as a generic code on whichever call comes next; the
         // client keeps the original cause.
         let fatal_cause = self.producer.client().fatal_error().map(|(code, _)| code);
-        let fenced = e.rdkafka_error_code().is_some_and(is_fencing) || fatal_cause.is_some_and(is_fencing);
+        let fenced =
+            e.rdkafka_error_code().is_some_and(is_fencing) || fatal_cause.is_some_and(is_fencing);
         match &e {
             _ if fenced => SinkError::Fenced(self.transactional_id.clone()),
-            KafkaError::Transaction(t) if t.txn_requires_abort() && !t.is_fatal() => SinkError::Abortable(e),
+            KafkaError::Transaction(t) if t.txn_requires_abort() && !t.is_fatal() => {
+                SinkError::Abortable(e)
+            }
             // produce() refuses records while the transaction is in an abortable error
             // state (e.g. a record timed out); the abort then tells whether we were fenced.
-            KafkaError::MessageProduction(RDKafkaErrorCode::State) if fatal_cause.is_none() => SinkError::Abortable(e),
+            KafkaError::MessageProduction(RDKafkaErrorCode::State) if fatal_cause.is_none() => {
+                SinkError::Abortable(e)
+            }
             _ => SinkError::Kafka(e),
         }
     }

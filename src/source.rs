@@ -2,10 +2,10 @@
 //! service (in checkpoints and in the epoch's transaction), never by auto-commit.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::checkpoint::{CheckpointRef, offset_metadata, parse_offset_metadata};
@@ -20,7 +20,11 @@ pub type Offsets = BTreeMap<Partition, i64>;
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     #[error("kafka.bootstrap_servers: cannot reach the cluster at {servers} within {timeout:?}")]
-    Unreachable { servers: String, timeout: Duration, source: KafkaError },
+    Unreachable {
+        servers: String,
+        timeout: Duration,
+        source: KafkaError,
+    },
     #[error("{key}: topic `{topic}` does not exist")]
     MissingTopic { key: &'static str, topic: String },
     #[error("kafka consumer: {0}")]
@@ -47,7 +51,12 @@ pub struct Committed {
 impl Source {
     pub fn new(config: &Config) -> Result<Self, SourceError> {
         let mut cc = ClientConfig::new();
-        for (k, v) in config.kafka.properties.iter().chain(&config.kafka.consumer_properties) {
+        for (k, v) in config
+            .kafka
+            .properties
+            .iter()
+            .chain(&config.kafka.consumer_properties)
+        {
             cc.set(k, v);
         }
         cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
@@ -63,23 +72,71 @@ impl Source {
                     StartOffsets::Latest => "latest",
                 },
             );
-        Ok(Self { consumer: cc.create_with_context(LogContext::default())?, group: config.kafka.app_id.clone(), timeout: config.kafka.connect_timeout })
+        Ok(Self {
+            consumer: cc.create_with_context(LogContext::default())?,
+            group: config.kafka.app_id.clone(),
+            timeout: config.kafka.connect_timeout,
+        })
     }
 
     /// Every partition of `topics` (named by config key `key`), checking that the
     /// cluster answers at all.
-    pub fn partitions(&self, servers: &str, key: &'static str, topics: &[String]) -> Result<Vec<Partition>, SourceError> {
+    pub fn partitions(
+        &self,
+        servers: &str,
+        key: &'static str,
+        topics: &[String],
+    ) -> Result<Vec<Partition>, SourceError> {
         let mut out = Vec::new();
         for topic in topics {
-            let md = self.consumer.fetch_metadata(Some(topic), self.timeout).map_err(|source| {
-                SourceError::Unreachable { servers: servers.to_string(), timeout: self.timeout, source }
-            })?;
-            let t = md.topics().iter().find(|t| t.name() == topic);
-            match t {
-                Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
-                    out.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
+            // A topic created moments ago answers "leader not available" until its
+            // partitions have leaders: that is not a missing topic, so ask again.
+            let found = self
+                .retrying(|remaining| {
+                    let md = self.consumer.fetch_metadata(Some(topic), remaining)?;
+                    let t = md.topics().iter().find(|t| t.name() == topic);
+                    let ids = match t {
+                        Some(t) => match t.error() {
+                            None => Some(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
+                            Some(e) => {
+                                let code = RDKafkaErrorCode::from(e);
+                                if is_transient(code)
+                                    && code != RDKafkaErrorCode::UnknownTopicOrPartition
+                                {
+                                    return Err(KafkaError::MetadataFetch(code));
+                                }
+                                None
+                            }
+                        },
+                        None => None,
+                    };
+                    Ok(ids)
+                })
+                .map_err(|source| match source.rdkafka_error_code() {
+                    Some(
+                        RDKafkaErrorCode::OperationTimedOut
+                        | RDKafkaErrorCode::RequestTimedOut
+                        | RDKafkaErrorCode::BrokerTransportFailure
+                        | RDKafkaErrorCode::AllBrokersDown
+                        | RDKafkaErrorCode::NetworkException,
+                    )
+                    | None => SourceError::Unreachable {
+                        servers: servers.to_string(),
+                        timeout: self.timeout,
+                        source,
+                    },
+                    Some(_) => SourceError::Kafka(source),
+                })?;
+            match found {
+                Some(ids) if !ids.is_empty() => {
+                    out.extend(ids.into_iter().map(|p| (topic.clone(), p)))
                 }
-                _ => return Err(SourceError::MissingTopic { key, topic: topic.clone() }),
+                _ => {
+                    return Err(SourceError::MissingTopic {
+                        key,
+                        topic: topic.clone(),
+                    });
+                }
             }
         }
         out.sort();
@@ -93,7 +150,8 @@ impl Source {
         for (t, p) in parts {
             tpl.add_partition(t, *p);
         }
-        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
+        let got =
+            self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?;
         Ok(got
             .elements()
             .iter()
@@ -110,11 +168,13 @@ impl Source {
         for (t, p) in parts {
             tpl.add_partition(t, *p);
         }
-        let got = self.consumer.committed_offsets(tpl, self.timeout)?;
+        let got =
+            self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?;
         let mut ids = Vec::new();
         let mut offsets = Offsets::new();
         for e in got.elements() {
-            if let (Offset::Offset(o), Some(c)) = (e.offset(), parse_offset_metadata(e.metadata())) {
+            if let (Offset::Offset(o), Some(c)) = (e.offset(), parse_offset_metadata(e.metadata()))
+            {
                 offsets.insert((e.topic().to_string(), e.partition()), o);
                 ids.push(c);
             }
@@ -123,7 +183,10 @@ impl Source {
         ids.dedup();
         match ids.as_slice() {
             [] => Ok(None),
-            [c] => Ok(Some(Committed { checkpoint: c.clone(), offsets })),
+            [c] => Ok(Some(Committed {
+                checkpoint: c.clone(),
+                offsets,
+            })),
             _ => Err(SourceError::InconsistentCommit {
                 group: self.group.clone(),
                 ids: ids.iter().map(ToString::to_string).collect(),
@@ -133,21 +196,37 @@ impl Source {
 
     /// Concrete start offsets for a first start, so every checkpoint names an offset for
     /// every partition even before it has seen a record.
-    pub fn start_offsets(&self, parts: &[Partition], start: StartOffsets) -> Result<Offsets, SourceError> {
+    pub fn start_offsets(
+        &self,
+        parts: &[Partition],
+        start: StartOffsets,
+    ) -> Result<Offsets, SourceError> {
         let mut out = Offsets::new();
         for (t, p) in parts {
-            let (low, high) = self.consumer.fetch_watermarks(t, *p, self.timeout)?;
-            out.insert((t.clone(), *p), if start == StartOffsets::Earliest { low } else { high });
+            let (low, high) =
+                self.retrying(|remaining| self.consumer.fetch_watermarks(t, *p, remaining))?;
+            out.insert(
+                (t.clone(), *p),
+                if start == StartOffsets::Earliest {
+                    low
+                } else {
+                    high
+                },
+            );
         }
         Ok(out)
     }
 
     /// High watermarks of these partitions (read_committed stops at the last stable
     /// offset, so compare with [`Source::positions`], which skips transaction markers).
-    pub fn end_offsets<'a>(&self, parts: impl IntoIterator<Item = &'a Partition>) -> Result<Offsets, SourceError> {
+    pub fn end_offsets<'a>(
+        &self,
+        parts: impl IntoIterator<Item = &'a Partition>,
+    ) -> Result<Offsets, SourceError> {
         let mut out = Offsets::new();
         for (t, p) in parts {
-            let (_, high) = self.consumer.fetch_watermarks(t, *p, self.timeout)?;
+            let (_, high) =
+                self.retrying(|remaining| self.consumer.fetch_watermarks(t, *p, remaining))?;
             out.insert((t.clone(), *p), high);
         }
         Ok(out)
@@ -168,13 +247,23 @@ impl Source {
     }
 
     /// Assigns exactly these partitions (input and control) at these offsets.
-    pub fn assign<'a>(&self, offsets: impl IntoIterator<Item = (&'a Partition, &'a i64)>) -> Result<(), SourceError> {
+    pub fn assign<'a>(
+        &self,
+        offsets: impl IntoIterator<Item = (&'a Partition, &'a i64)>,
+    ) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();
         for ((t, p), o) in offsets {
             tpl.add_partition_offset(t, *p, Offset::Offset(*o))?;
         }
         self.consumer.assign(&tpl)?;
         Ok(())
+    }
+
+    fn retrying<T>(
+        &self,
+        call: impl FnMut(Duration) -> Result<T, KafkaError>,
+    ) -> Result<T, KafkaError> {
+        retry_transient(self.timeout, call)
     }
 
     pub fn consumer(&self) -> &BaseConsumer<LogContext> {
@@ -186,8 +275,62 @@ impl Source {
     }
 }
 
+/// Runs a metadata or offset request again while the broker answers with an error that
+/// clears by itself (a leader election after a topic is created or a broker restarts, a
+/// coordinator loading), within `timeout` overall; `call` gets the time left. Giving up on
+/// the first such answer turned a routine election into a failed start.
+fn retry_transient<T>(
+    timeout: Duration,
+    mut call: impl FnMut(Duration) -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let remaining = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        match call(remaining) {
+            Err(e)
+                if e.rdkafka_error_code().is_some_and(is_transient)
+                    && Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %e, "transient broker answer; asking again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Broker answers that a later attempt of the same request can succeed.
+fn is_transient(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(
+        code,
+        NotLeaderForPartition
+            | LeaderNotAvailable
+            | UnknownTopicOrPartition
+            | NotCoordinator
+            | CoordinatorNotAvailable
+            | CoordinatorLoadInProgress
+            | RequestTimedOut
+            | NetworkException
+            | OperationTimedOut
+            | BrokerTransportFailure
+            | AllBrokersDown
+            | FencedLeaderEpoch
+            | UnknownLeaderEpoch
+            | OffsetNotAvailable
+            | PreferredLeaderNotAvailable
+    )
+}
+
 /// The offsets to commit with an epoch's transaction, each naming the checkpoint.
-pub fn offsets_for_commit(offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<TopicPartitionList, KafkaError> {
+pub fn offsets_for_commit(
+    offsets: &Offsets,
+    checkpoint: &CheckpointRef,
+) -> Result<TopicPartitionList, KafkaError> {
     let mut tpl = TopicPartitionList::new();
     let meta = offset_metadata(checkpoint);
     for ((t, p), o) in offsets {
@@ -196,4 +339,62 @@ pub fn offsets_for_commit(offsets: &Offsets, checkpoint: &CheckpointRef) -> Resu
         e.set_metadata(meta.as_str());
     }
     Ok(tpl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(code: RDKafkaErrorCode) -> KafkaError {
+        KafkaError::MetadataFetch(code)
+    }
+
+    #[test]
+    fn a_leader_election_is_waited_out() {
+        let mut calls = 0;
+        let got = retry_transient(Duration::from_secs(10), |_| {
+            calls += 1;
+            if calls < 3 {
+                Err(error(RDKafkaErrorCode::NotLeaderForPartition))
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(got.ok(), Some(3));
+    }
+
+    #[test]
+    fn a_lasting_error_is_returned_at_once() {
+        let mut calls = 0;
+        let got: Result<(), _> = retry_transient(Duration::from_secs(10), |_| {
+            calls += 1;
+            Err(error(RDKafkaErrorCode::TopicAuthorizationFailed))
+        });
+        assert_eq!(
+            got.err().and_then(|e| e.rdkafka_error_code()),
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed)
+        );
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn a_transient_error_that_does_not_clear_is_returned_by_the_deadline() {
+        let started = Instant::now();
+        let mut calls = 0;
+        let got: Result<(), _> = retry_transient(Duration::from_millis(400), |remaining| {
+            calls += 1;
+            assert!(remaining <= Duration::from_millis(400));
+            Err(error(RDKafkaErrorCode::LeaderNotAvailable))
+        });
+        assert_eq!(
+            got.err().and_then(|e| e.rdkafka_error_code()),
+            Some(RDKafkaErrorCode::LeaderNotAvailable)
+        );
+        assert!(calls > 1, "asked {calls} times");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "gave up after {:?}",
+            started.elapsed()
+        );
+    }
 }

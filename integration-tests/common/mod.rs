@@ -13,12 +13,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use rand::{Rng, SeedableRng};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rand::{Rng, SeedableRng};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_streamstate");
@@ -29,7 +29,8 @@ pub fn bootstrap() -> String {
 
 /// The S3-compatible test server started by `integration-tests/s3/moto.sh start`.
 pub fn s3_endpoint() -> String {
-    std::env::var("STREAMSTATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:19000".to_string())
+    std::env::var("STREAMSTATE_TEST_S3_ENDPOINT")
+        .unwrap_or_else(|_| "http://127.0.0.1:19000".to_string())
 }
 
 /// Creates `bucket` on the test S3 server with an unsigned `PUT /<bucket>`, which moto
@@ -41,7 +42,9 @@ pub fn create_s3_bucket(bucket: &str) {
         .ok()
         .and_then(|u| u.socket_addrs(|| None).ok())
         .and_then(|a| a.into_iter().next())
-        .unwrap_or_else(|| panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint} is not an http://host:port URL"));
+        .unwrap_or_else(|| {
+            panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint} is not an http://host:port URL")
+        });
     let (status, body) = http("PUT", addr, &format!("/{bucket}"))
         .unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
     assert_eq!(status, 200, "create bucket {bucket} at {endpoint}: {body}");
@@ -50,7 +53,12 @@ pub fn create_s3_bucket(bucket: &str) {
 /// Environment for a service that keeps checkpoints on the test S3 server: its endpoint,
 /// plus test credentials and region unless this process's environment sets them.
 pub fn s3_env() -> Vec<(String, String)> {
-    let or = |k: &str, default: &str| (k.to_string(), std::env::var(k).unwrap_or_else(|_| default.to_string()));
+    let or = |k: &str, default: &str| {
+        (
+            k.to_string(),
+            std::env::var(k).unwrap_or_else(|_| default.to_string()),
+        )
+    };
     vec![
         ("AWS_ENDPOINT_URL".to_string(), s3_endpoint()),
         or("AWS_ACCESS_KEY_ID", "test"),
@@ -63,7 +71,10 @@ pub fn s3_env() -> Vec<(String, String)> {
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -71,14 +82,26 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 /// A name no other test (or earlier run) uses, so tests share one broker safely.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    format!("{prefix}-{}-{}-{}", std::process::id(), now, N.fetch_add(1, Ordering::SeqCst))
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        now,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 pub fn create_topics(topics: &[(&str, i32)]) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
-    let new: Vec<NewTopic> = topics.iter().map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1))).collect();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
     let results = futures::executor::block_on(admin.create_topics(&new, &AdminOptions::new()))
         .unwrap_or_else(|e| panic!("create topics on {} (is the broker up? integration-tests/kafka/kafka.sh start): {e}", bootstrap()));
     for r in results {
@@ -87,15 +110,21 @@ pub fn create_topics(topics: &[(&str, i32)]) {
     // Metadata propagates asynchronously even on one broker: wait until every partition has a leader.
     let probe = consumer(None, false);
     for (name, partitions) in topics {
-        wait_until(&format!("topic {name} to have leaders"), Duration::from_secs(30), || {
-            probe.fetch_metadata(Some(name), Duration::from_secs(5)).is_ok_and(|md| {
-                md.topics().iter().any(|t| {
-                    t.name() == *name
-                        && t.partitions().len() == *partitions as usize
-                        && t.partitions().iter().all(|p| p.leader() >= 0)
-                })
-            })
-        });
+        wait_until(
+            &format!("topic {name} to have leaders"),
+            Duration::from_secs(30),
+            || {
+                probe
+                    .fetch_metadata(Some(name), Duration::from_secs(5))
+                    .is_ok_and(|md| {
+                        md.topics().iter().any(|t| {
+                            t.name() == *name
+                                && t.partitions().len() == *partitions as usize
+                                && t.partitions().iter().all(|p| p.leader() >= 0)
+                        })
+                    })
+            },
+        );
     }
 }
 
@@ -119,7 +148,15 @@ pub fn produce(producer: &BaseProducer, topic: &str, key: Option<&str>, payload:
     let mut record = Some(record);
     while let Some(r) = record.take() {
         if let Err((e, r)) = producer.send(r) {
-            assert!(matches!(e, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)), "produce: {e}");
+            assert!(
+                matches!(
+                    e,
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull
+                    )
+                ),
+                "produce: {e}"
+            );
             producer.poll(Duration::from_millis(50));
             record = Some(r);
         }
@@ -133,9 +170,19 @@ pub fn flush(producer: &BaseProducer) {
 pub fn consumer(group: Option<&str>, read_committed: bool) -> BaseConsumer {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", bootstrap())
-        .set("group.id", group.map_or_else(|| unique("checker"), str::to_string))
+        .set(
+            "group.id",
+            group.map_or_else(|| unique("checker"), str::to_string),
+        )
         .set("enable.auto.commit", "false")
-        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" });
+        .set(
+            "isolation.level",
+            if read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        );
     cc.create().expect("consumer")
 }
 
@@ -151,8 +198,12 @@ pub struct Record {
 
 impl Record {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(self.value.as_deref().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("output at {}:{} is not JSON: {e}", self.partition, self.offset))
+        serde_json::from_slice(self.value.as_deref().unwrap_or_default()).unwrap_or_else(|e| {
+            panic!(
+                "output at {}:{} is not JSON: {e}",
+                self.partition, self.offset
+            )
+        })
     }
 }
 
@@ -160,33 +211,52 @@ impl Record {
 /// Fails if an open transaction keeps the read_committed reader from reaching the end.
 pub fn read_all(topic: &str, read_committed: bool) -> Vec<Record> {
     let c = consumer(None, read_committed);
-    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
     let parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for p in &parts {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning).expect("tpl");
-        ends.insert(*p, c.fetch_watermarks(topic, *p, Duration::from_secs(10)).expect("watermarks").1);
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)
+            .expect("tpl");
+        ends.insert(
+            *p,
+            c.fetch_watermarks(topic, *p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1,
+        );
     }
     c.assign(&tpl).expect("assign");
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let done = parts.iter().all(|p| {
-            let pos = c.position().ok().and_then(|tpl| tpl.find_partition(topic, *p).map(|e| e.offset()));
+            let pos = c
+                .position()
+                .ok()
+                .and_then(|tpl| tpl.find_partition(topic, *p).map(|e| e.offset()));
             ends[p] == 0 || matches!(pos, Some(Offset::Offset(o)) if o >= ends[p])
         });
         if done {
             break;
         }
-        assert!(Instant::now() < deadline, "reading {topic}: end offsets {ends:?} not reached (open transaction?)");
+        assert!(
+            Instant::now() < deadline,
+            "reading {topic}: end offsets {ends:?} not reached (open transaction?)"
+        );
         if let Some(m) = c.poll(Duration::from_millis(200)) {
             let m = m.expect("consume");
             let headers = m
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -212,29 +282,58 @@ pub fn committed_total(group: &str, topic: &str, partitions: i32) -> i64 {
         tpl.add_partition(topic, p);
     }
     match c.committed_offsets(tpl, Duration::from_secs(10)) {
-        Ok(got) => got.elements().iter().map(|e| if let Offset::Offset(o) = e.offset() { o } else { 0 }).sum(),
+        Ok(got) => got
+            .elements()
+            .iter()
+            .map(|e| {
+                if let Offset::Offset(o) = e.offset() {
+                    o
+                } else {
+                    0
+                }
+            })
+            .sum(),
         Err(_) => 0,
     }
 }
 
 pub fn end_offsets_total(topic: &str, partitions: i32) -> i64 {
     let c = consumer(None, false);
-    (0..partitions).map(|p| c.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks").1).sum()
+    (0..partitions)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1
+        })
+        .sum()
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// Minimal HTTP/1.1 client for the admin endpoints: (status, body).
 pub fn http(method: &str, addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
-    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -275,7 +374,12 @@ impl Job {
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             function: "count",
         };
-        create_topics(&[(&job.input, partitions), (&job.output, partitions), (&job.dlq, 1), (&job.control, 1)]);
+        create_topics(&[
+            (&job.input, partitions),
+            (&job.output, partitions),
+            (&job.dlq, 1),
+            (&job.control, 1),
+        ]);
         job
     }
 
@@ -290,7 +394,12 @@ impl Job {
     }
 
     /// Like [`Job::write_config`] with `checkpoint.storage` set to `storage` (a URL).
-    pub fn write_config_with_storage(&self, checkpoint_interval: &str, storage: &str, extra: &str) -> PathBuf {
+    pub fn write_config_with_storage(
+        &self,
+        checkpoint_interval: &str,
+        storage: &str,
+        extra: &str,
+    ) -> PathBuf {
         let d = self.dir.path();
         let body = format!(
             r#"[kafka]
@@ -338,11 +447,21 @@ listen = "{admin}"
 
     /// Spawns with extra `run` arguments and environment (e.g. `FAILPOINTS`).
     pub fn spawn_with(&self, args: &[&str], env: &[(&str, &str)]) -> Service {
-        Service::spawn(&self.config_path(), &self.dir.path().join("service.log"), args, env)
+        Service::spawn(
+            &self.config_path(),
+            &self.dir.path().join("service.log"),
+            args,
+            env,
+        )
     }
 
     pub fn spawn_example(&self, name: &str, env: &[(&str, &str)]) -> Service {
-        Service::spawn_example(name, &self.config_path(), &self.dir.path().join("service.log"), env)
+        Service::spawn_example(
+            name,
+            &self.config_path(),
+            &self.dir.path().join("service.log"),
+            env,
+        )
     }
 
     /// A second config for the same instance id with its own local state directory and
@@ -352,7 +471,15 @@ listen = "{admin}"
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let state = self.dir.path().join("state");
         let text = text
-            .replace(&state.display().to_string(), &self.dir.path().join("state-replacement").display().to_string())
+            .replace(
+                &state.display().to_string(),
+                &self
+                    .dir
+                    .path()
+                    .join("state-replacement")
+                    .display()
+                    .to_string(),
+            )
             .replace(&self.admin.to_string(), &admin.to_string());
         let path = self.dir.path().join("replacement.toml");
         std::fs::write(&path, text).expect("write");
@@ -388,21 +515,40 @@ impl Service {
     /// One of the `examples/` binaries (built by `cargo build --examples`), which take
     /// the config path as their only argument.
     pub fn spawn_example(name: &str, config: &Path, log: &Path, env: &[(&str, &str)]) -> Self {
-        let bin = Path::new(BIN).parent().expect("target dir").join("examples").join(name);
-        assert!(bin.is_file(), "{} is not built: run `cargo build --release --examples`", bin.display());
+        let bin = Path::new(BIN)
+            .parent()
+            .expect("target dir")
+            .join("examples")
+            .join(name);
+        assert!(
+            bin.is_file(),
+            "{} is not built: run `cargo build --release --examples`",
+            bin.display()
+        );
         let mut cmd = Command::new(bin);
         cmd.arg(config);
         Self::spawn_command(cmd, log, env)
     }
 
     fn spawn_command(mut cmd: Command, log: &Path, env: &[(&str, &str)]) -> Self {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
         cmd.env("RUST_LOG", "info,librdkafka=warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.stdout(Stdio::null()).stderr(file).spawn().expect("spawn");
-        Self { child, log: log.to_path_buf() }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn");
+        Self {
+            child,
+            log: log.to_path_buf(),
+        }
     }
 
     /// Waits for the process to end by itself.
@@ -412,14 +558,21 @@ impl Service {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "service did not exit within {timeout:?}; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "service did not exit within {timeout:?}; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
     pub fn signal(&self, name: &str) {
-        let ok = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().expect("kill");
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
         assert!(ok.success(), "kill -{name} failed");
     }
 
@@ -450,7 +603,9 @@ impl Drop for Service {
     fn drop(&mut self) {
         // A stopped process ignores SIGKILL until continued on some kernels' accounting of
         // waits; continue it first so the reap below cannot hang.
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -474,7 +629,10 @@ pub fn events(n: usize, garbage_per_mille: u32, seed: u64) -> Vec<(Option<String
                 };
                 (Some(user), bad)
             } else {
-                (Some(user.clone()), format!(r#"{{"user_id":"{user}","seq":{i},"amount":{}}}"#, i % 97).into_bytes())
+                (
+                    Some(user.clone()),
+                    format!(r#"{{"user_id":"{user}","seq":{i},"amount":{}}}"#, i % 97).into_bytes(),
+                )
             }
         })
         .collect()
@@ -537,50 +695,105 @@ pub fn check_exactly_once_ignoring(job: &Job, ignored: &[u8]) -> (usize, usize) 
     for r in &output {
         let v = r.json();
         let src = &v["source"];
-        assert_eq!(src["topic"], job.input.as_str(), "output names the wrong source topic: {v}");
+        assert_eq!(
+            src["topic"],
+            job.input.as_str(),
+            "output names the wrong source topic: {v}"
+        );
         let at = (
             src["partition"].as_i64().expect("source.partition") as i32,
             src["offset"].as_i64().expect("source.offset"),
         );
         *seen.entry(at).or_default() += 1;
-        let (user, count) = expected.get(&at).unwrap_or_else(|| panic!("output for a non-event input {at:?}: {v}"));
+        let (user, count) = expected
+            .get(&at)
+            .unwrap_or_else(|| panic!("output for a non-event input {at:?}: {v}"));
         assert_eq!(v["key"], user.as_str(), "wrong key at {at:?}");
-        assert_eq!(v["count"].as_u64(), Some(*count), "wrong running count at {at:?}: {v}");
-        assert_eq!(r.key.as_deref(), Some(user.as_bytes()), "output record key must be the state key");
+        assert_eq!(
+            v["count"].as_u64(),
+            Some(*count),
+            "wrong running count at {at:?}: {v}"
+        );
+        assert_eq!(
+            r.key.as_deref(),
+            Some(user.as_bytes()),
+            "output record key must be the state key"
+        );
     }
     let dups: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(dups.is_empty(), "duplicated outputs for inputs {:?}", &dups[..dups.len().min(10)]);
+    assert!(
+        dups.is_empty(),
+        "duplicated outputs for inputs {:?}",
+        &dups[..dups.len().min(10)]
+    );
     let missing: Vec<_> = expected.keys().filter(|k| !seen.contains_key(*k)).collect();
-    assert!(missing.is_empty(), "{} inputs have no output, e.g. {:?}", missing.len(), &missing[..missing.len().min(10)]);
+    assert!(
+        missing.is_empty(),
+        "{} inputs have no output, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
 
     let mut dead: BTreeMap<(i32, i64), usize> = BTreeMap::new();
-    for r in dlq.iter().filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.input)) {
-        let p: i32 = r.headers["streamstate.source.partition"].parse().expect("partition header");
-        let o: i64 = r.headers["streamstate.source.offset"].parse().expect("offset header");
-        assert!(!r.headers["streamstate.error.reason"].is_empty(), "dead letter without a reason");
-        assert!(bad.contains_key(&(p, o)), "a good record went to the dead-letter topic: {p}:{o}");
-        let original = sorted.iter().find(|i| (i.partition, i.offset) == (p, o)).expect("source record");
-        assert_eq!(r.value, original.value, "dead letter must carry the original bytes");
+    for r in dlq
+        .iter()
+        .filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.input))
+    {
+        let p: i32 = r.headers["streamstate.source.partition"]
+            .parse()
+            .expect("partition header");
+        let o: i64 = r.headers["streamstate.source.offset"]
+            .parse()
+            .expect("offset header");
+        assert!(
+            !r.headers["streamstate.error.reason"].is_empty(),
+            "dead letter without a reason"
+        );
+        assert!(
+            bad.contains_key(&(p, o)),
+            "a good record went to the dead-letter topic: {p}:{o}"
+        );
+        let original = sorted
+            .iter()
+            .find(|i| (i.partition, i.offset) == (p, o))
+            .expect("source record");
+        assert_eq!(
+            r.value, original.value,
+            "dead letter must carry the original bytes"
+        );
         *dead.entry((p, o)).or_default() += 1;
     }
-    assert_eq!(dead.len(), bad.len(), "every bad record must reach the dead-letter topic");
-    assert!(dead.values().all(|n| *n == 1), "a bad record was dead-lettered twice");
+    assert_eq!(
+        dead.len(),
+        bad.len(),
+        "every bad record must reach the dead-letter topic"
+    );
+    assert!(
+        dead.values().all(|n| *n == 1),
+        "a bad record was dead-lettered twice"
+    );
     (output.len(), dead.len())
 }
 
 pub fn wait_all_committed(job: &Job, service: &mut Service) {
     let end = job.input_end();
-    wait_until("all input offsets committed", Duration::from_secs(180), || {
-        service.assert_running();
-        job.committed() >= end
-    });
+    wait_until(
+        "all input offsets committed",
+        Duration::from_secs(180),
+        || {
+            service.assert_running();
+            job.committed() >= end
+        },
+    );
 }
-
 
 /// The broker rig's script, for tests that bounce the broker.
 pub fn kafka_rig(command: &str) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh");
-    let status = Command::new(&script).arg(command).status().expect("run kafka.sh");
+    let status = Command::new(&script)
+        .arg(command)
+        .status()
+        .expect("run kafka.sh");
     assert!(status.success(), "kafka.sh {command} failed");
 }
 
@@ -589,7 +802,11 @@ pub fn kafka_rig(command: &str) {
 /// Control records for run `run`: new versions, a replayed older version, a malformed
 /// rule, a deletion by status and (every other run) a tombstone.
 pub fn rule_records(run: u64) -> Vec<(String, Option<String>)> {
-    let v = |id: &str, version: u64| Some(format!(r#"{{"id":"{id}","version":{version},"status":"active","kind":"count"}}"#));
+    let v = |id: &str, version: u64| {
+        Some(format!(
+            r#"{{"id":"{id}","version":{version},"status":"active","kind":"count"}}"#
+        ))
+    };
     let base = run * 10;
     let mut out = vec![
         ("r-a".to_string(), v("r-a", base + 2)),
@@ -597,9 +814,21 @@ pub fn rule_records(run: u64) -> Vec<(String, Option<String>)> {
         ("r-a".to_string(), v("r-a", base + 1)),
         ("r-c".to_string(), Some("{not json".to_string())),
         ("r-c".to_string(), v("r-c", base + 3)),
-        ("r-d".to_string(), Some(format!(r#"{{"id":"r-d","version":{}}}"#, base + 1))),
-        ("r-d".to_string(), Some(format!(r#"{{"id":"r-d","version":{},"status":"deleted"}}"#, base + 2))),
-        ("r-e".to_string(), Some(format!(r#"{{"id":"other","version":{}}}"#, base + 5))),
+        (
+            "r-d".to_string(),
+            Some(format!(r#"{{"id":"r-d","version":{}}}"#, base + 1)),
+        ),
+        (
+            "r-d".to_string(),
+            Some(format!(
+                r#"{{"id":"r-d","version":{},"status":"deleted"}}"#,
+                base + 2
+            )),
+        ),
+        (
+            "r-e".to_string(),
+            Some(format!(r#"{{"id":"other","version":{}}}"#, base + 5)),
+        ),
     ];
     if run % 2 == 1 {
         out.push(("r-b".to_string(), None));
@@ -665,7 +894,12 @@ pub fn rules_served(admin: SocketAddr) -> Option<BTreeMap<String, (u64, bool)>> 
     }
     let list: Vec<serde_json::Value> = serde_json::from_str(&body).ok()?;
     list.iter()
-        .map(|r| Some((r["id"].as_str()?.to_string(), (r["version"].as_u64()?, r["status"].as_str()? == "deleted"))))
+        .map(|r| {
+            Some((
+                r["id"].as_str()?.to_string(),
+                (r["version"].as_u64()?, r["status"].as_str()? == "deleted"),
+            ))
+        })
         .collect()
 }
 
@@ -674,18 +908,29 @@ pub fn rules_served(admin: SocketAddr) -> Option<BTreeMap<String, (u64, bool)>> 
 pub fn check_rules(job: &Job, service: &mut Service) {
     let (model, rejected) = rules_model(job);
     let mut last = None;
-    wait_until("the served rules to equal the model", Duration::from_secs(60), || {
-        service.assert_running();
-        last = rules_served(job.admin);
-        last.as_ref() == Some(&model)
-    });
+    wait_until(
+        "the served rules to equal the model",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            last = rules_served(job.admin);
+            last.as_ref() == Some(&model)
+        },
+    );
     let mut dead: Vec<i64> = read_all(&job.dlq, true)
         .iter()
         .filter(|r| r.headers.get("streamstate.source.topic") == Some(&job.control))
-        .map(|r| r.headers["streamstate.source.offset"].parse().expect("offset header"))
+        .map(|r| {
+            r.headers["streamstate.source.offset"]
+                .parse()
+                .expect("offset header")
+        })
         .collect();
     dead.sort_unstable();
-    assert_eq!(dead, rejected, "each rejected rule exactly once in the dead-letter topic");
+    assert_eq!(
+        dead, rejected,
+        "each rejected rule exactly once in the dead-letter topic"
+    );
 }
 
 // ---------------------------------------------------------------- storage choice
@@ -719,7 +964,6 @@ pub fn spawn(job: &Job, env: &[(String, String)], extra: &[(&str, &str)]) -> Ser
     job.spawn_with(&[], &all)
 }
 
-
 // ---------------------------------------------------------------- admin API
 
 /// An admin API answer: status, response head (lower-cased), body.
@@ -731,15 +975,25 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
     }
 }
 
 /// Like [`http`] with request headers and a body.
-pub fn http_with(method: &str, addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Answer> {
+pub fn http_with(
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Answer> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -750,8 +1004,15 @@ pub fn http_with(method: &str, addr: SocketAddr, path: &str, headers: &[(&str, &
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_lowercase(), b.to_string())).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .map(|(h, b)| (h.to_lowercase(), b.to_string()))
+        .unwrap_or_default();
     Ok(Answer { status, head, body })
 }
 
@@ -772,7 +1033,10 @@ pub struct CheckerOptions {
 
 impl CheckerOptions {
     pub fn all() -> Self {
-        Self { expect_all: true, ..Self::default() }
+        Self {
+            expect_all: true,
+            ..Self::default()
+        }
     }
 }
 
@@ -784,11 +1048,20 @@ pub fn checker_python() -> PathBuf {
             if let Ok(p) = std::env::var("STREAMSTATE_TEST_CHECKER_PYTHON") {
                 return PathBuf::from(p);
             }
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/checker/setup.sh");
-            let out = Command::new(&script).stderr(Stdio::inherit()).output().expect("run checker/setup.sh");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/checker/setup.sh");
+            let out = Command::new(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run checker/setup.sh");
             assert!(out.status.success(), "checker/setup.sh failed");
             let text = String::from_utf8_lossy(&out.stdout);
-            PathBuf::from(text.lines().last().expect("setup.sh prints the python path").trim())
+            PathBuf::from(
+                text.lines()
+                    .last()
+                    .expect("setup.sh prints the python path")
+                    .trim(),
+            )
         })
         .clone()
 }
@@ -800,7 +1073,14 @@ pub fn independent_report(job: &Job, opts: &CheckerOptions) -> (bool, serde_json
     let mut cmd = Command::new(checker_python());
     cmd.arg(script)
         .args(["--bootstrap", &bootstrap(), "--group", &job.app_id])
-        .args(["--input", &job.input, "--output", &job.output, "--dlq", &job.dlq]);
+        .args([
+            "--input",
+            &job.input,
+            "--output",
+            &job.output,
+            "--dlq",
+            &job.dlq,
+        ]);
     if let Some(v) = &opts.ignore_value {
         cmd.args(["--ignore-value", v]);
     }
@@ -829,7 +1109,11 @@ pub fn independent_report(job: &Job, opts: &CheckerOptions) -> (bool, serde_json
 /// Runs the independent checker and fails the test on any violation; returns the report.
 pub fn independent_check(job: &Job, opts: &CheckerOptions) -> serde_json::Value {
     let (ok, report) = independent_report(job, opts);
-    assert!(ok, "independent checker found violations:\n{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    assert!(
+        ok,
+        "independent checker found violations:\n{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
     eprintln!(
         "independent checker: ok; {} outputs, {} dead letters, aborted attempts {}",
         report["outputs"], report["dead_letters"], report["aborted_attempts"]

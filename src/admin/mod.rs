@@ -42,7 +42,11 @@ struct AppState {
     stall_limit: Duration,
 }
 
-pub fn router(control: Arc<Control>, metrics: Metrics, config: &Config) -> Result<Router, ConfigError> {
+pub fn router(
+    control: Arc<Control>,
+    metrics: Metrics,
+    config: &Config,
+) -> Result<Router, ConfigError> {
     let chk = &config.checkpoint;
     let state = AppState {
         control,
@@ -59,7 +63,10 @@ pub fn router(control: Arc<Control>, metrics: Metrics, config: &Config) -> Resul
         .route("/savepoints", post(routes::trigger_savepoint))
         .route("/stop", post(routes::stop))
         .route("/state/{key}", get(routes::key_state))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
     let open = Router::new()
         .route("/livez", get(routes::livez))
         .route("/readyz", get(routes::readyz))
@@ -72,7 +79,10 @@ pub fn router(control: Arc<Control>, metrics: Metrics, config: &Config) -> Resul
     Ok(open
         .merge(guarded)
         .fallback(routes::not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state))
 }
@@ -84,10 +94,20 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 /// `streamstate_http_requests_total{route,status}` with the route pattern, never the
 /// raw path (ids and keys would make the label set unbounded).
 async fn count_requests(State(s): State<AppState>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
     let started = Instant::now();
     let response = next.run(request).await;
-    s.metrics.http_requests.with_label_values(&[&route, response.status().as_str()]).inc();
-    s.metrics.http_duration.with_label_values(&[&route]).observe(started.elapsed().as_secs_f64());
+    s.metrics
+        .http_requests
+        .with_label_values(&[&route, response.status().as_str()])
+        .inc();
+    s.metrics
+        .http_duration
+        .with_label_values(&[&route])
+        .observe(started.elapsed().as_secs_f64());
     response
 }

@@ -28,7 +28,10 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> (StatusCo
 type ApiResult = Result<Response, (StatusCode, Json<Value>)>;
 
 pub(super) async fn not_found() -> impl IntoResponse {
-    error(StatusCode::NOT_FOUND, "no such endpoint; see docs/admin-api.md")
+    error(
+        StatusCode::NOT_FOUND,
+        "no such endpoint; see docs/admin-api.md",
+    )
 }
 
 // ------------------------------------------------------------------ health and metrics
@@ -52,30 +55,59 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
     if s.control.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
     } else {
-        error(StatusCode::SERVICE_UNAVAILABLE, "not ready (starting, restoring or draining)").into_response()
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready (starting, restoring or draining)",
+        )
+        .into_response()
     }
 }
 
 pub(super) async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
 }
 
 // ------------------------------------------------------------------ talking to the loop
 
 /// Sends a request to the job loop and waits for its answer.
-async fn ask<T>(s: &AppState, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, (StatusCode, Json<Value>)> {
+async fn ask<T>(
+    s: &AppState,
+    make: impl FnOnce(Reply<T>) -> Request,
+) -> Result<T, (StatusCode, Json<Value>)> {
     if !s.control.ready.load(Ordering::SeqCst) {
-        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job is not ready (starting, restoring or draining)"));
+        return Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the job is not ready (starting, restoring or draining)",
+        ));
     }
     let (tx, rx) = oneshot::channel();
     match s.control.requests.send(make(tx)) {
         Ok(()) => {}
-        Err(SendError::Busy) => return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job has too many requests waiting; retry")),
-        Err(SendError::Gone) => return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job loop has ended")),
+        Err(SendError::Busy) => {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the job has too many requests waiting; retry",
+            ));
+        }
+        Err(SendError::Gone) => {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the job loop has ended",
+            ));
+        }
     }
     match tokio::time::timeout(s.answer_timeout, rx).await {
-        Err(_) => Err(error(StatusCode::GATEWAY_TIMEOUT, "no answer from the job loop in time")),
-        Ok(Err(_)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job loop ended before answering")),
+        Err(_) => Err(error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "no answer from the job loop in time",
+        )),
+        Ok(Err(_)) => Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the job loop ended before answering",
+        )),
         Ok(Ok(Err(e))) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e)),
         Ok(Ok(Ok(v))) => Ok(v),
     }
@@ -88,7 +120,10 @@ struct Busy<'a>(&'a std::sync::atomic::AtomicBool);
 impl<'a> Busy<'a> {
     fn take(s: &'a AppState) -> Result<Self, (StatusCode, Json<Value>)> {
         if s.busy.swap(true, Ordering::SeqCst) {
-            return Err(error(StatusCode::CONFLICT, "a checkpoint or savepoint requested through the API is in flight"));
+            return Err(error(
+                StatusCode::CONFLICT,
+                "a checkpoint or savepoint requested through the API is in flight",
+            ));
         }
         Ok(Self(&s.busy))
     }
@@ -118,12 +153,22 @@ pub(super) async fn get_checkpoint(State(s): State<AppState>, Path(id): Path<Str
         Ok(n) => (n, None),
         Err(_) => match CheckpointRef::parse(&id) {
             Some(c) => (c.id, Some(c.to_string())),
-            None => return Err(error(StatusCode::BAD_REQUEST, "checkpoint id must be a number or chk-<n>-<run>")),
+            None => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "checkpoint id must be a number or chk-<n>-<run>",
+                ));
+            }
         },
     };
     match s.control.history.checkpoint(wanted.0) {
-        Some(r) if wanted.1.as_ref().is_none_or(|name| *name == r.name) => Ok(Json(r).into_response()),
-        _ => Err(error(StatusCode::NOT_FOUND, format!("no checkpoint {id} in this run's history"))),
+        Some(r) if wanted.1.as_ref().is_none_or(|name| *name == r.name) => {
+            Ok(Json(r).into_response())
+        }
+        _ => Err(error(
+            StatusCode::NOT_FOUND,
+            format!("no checkpoint {id} in this run's history"),
+        )),
     }
 }
 
@@ -132,7 +177,10 @@ pub(super) async fn get_checkpoint(State(s): State<AppState>, Path(id): Path<Str
 pub(super) async fn trigger_savepoint(State(s): State<AppState>, body: Bytes) -> ApiResult {
     let request: SavepointRequest = parse_body(&body)?;
     let target = match &request.target {
-        Some(t) => Some(savepoint::validate_target(&s.config, t).map_err(|e| error(StatusCode::BAD_REQUEST, e))?),
+        Some(t) => Some(
+            savepoint::validate_target(&s.config, t)
+                .map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
+        ),
         None => None,
     };
     let _busy = Busy::take(&s)?;
@@ -176,28 +224,45 @@ struct StopRequest {
 pub(super) async fn stop(State(s): State<AppState>, body: Bytes) -> ApiResult {
     let request: StopRequest = parse_body(&body)?;
     let _busy = Busy::take(&s)?;
-    s.control.hold_after_stop.store(request.hold, Ordering::SeqCst);
-    let savepoint = ask(&s, |reply| Request::Stop { savepoint: request.savepoint, reply }).await?;
+    s.control
+        .hold_after_stop
+        .store(request.hold, Ordering::SeqCst);
+    let savepoint = ask(&s, |reply| Request::Stop {
+        savepoint: request.savepoint,
+        reply,
+    })
+    .await?;
     Ok(Json(json!({ "stopped": true, "savepoint": savepoint })).into_response())
 }
 
-fn parse_body<T: Default + serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, (StatusCode, Json<Value>)> {
+fn parse_body<T: Default + serde::de::DeserializeOwned>(
+    body: &Bytes,
+) -> Result<T, (StatusCode, Json<Value>)> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("request body: {e}")))
 }
 
 // ------------------------------------------------------------------ rules and state
 
 /// The rules in force (and deleted ones, with the version that deleted them).
 pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
-    let rules = s.control.rules.read().map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
+    let rules = s
+        .control
+        .rules
+        .read()
+        .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
     Ok(Json(rules.values().cloned().collect::<Vec<_>>()).into_response())
 }
 
 pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
-    let rules = s.control.rules.read().map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
+    let rules = s
+        .control
+        .rules
+        .read()
+        .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
     match rules.get(&id) {
         Some(r) => Ok(Json(r.clone()).into_response()),
         None => Err(error(StatusCode::NOT_FOUND, format!("no rule {id:?}"))),
@@ -207,9 +272,16 @@ pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> A
 /// Every state of one key, read by the job loop between two records.
 pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>) -> ApiResult {
     if key.is_empty() || key.len() > s.config.job.max_key_bytes {
-        return Err(error(StatusCode::BAD_REQUEST, format!("key must be 1..={} bytes", s.config.job.max_key_bytes)));
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("key must be 1..={} bytes", s.config.job.max_key_bytes),
+        ));
     }
-    let answer = ask(&s, |reply| Request::State { key: key.clone(), reply }).await?;
+    let answer = ask(&s, |reply| Request::State {
+        key: key.clone(),
+        reply,
+    })
+    .await?;
     match answer {
         StateAnswer::Found(state) => {
             let mut body = json!({ "key": key, "instance": s.config.job.instance });
@@ -232,5 +304,7 @@ pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

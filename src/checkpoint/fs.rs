@@ -10,7 +10,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{
-    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats, is_shared,
+    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats,
+    is_shared,
 };
 
 const MANIFEST: &str = "manifest.json";
@@ -40,7 +41,11 @@ impl FsStorage {
 
     /// Where a manifest's file lives in this storage.
     fn stored_path(&self, c: &CheckpointRef, path: &str, sha256: &str) -> PathBuf {
-        if is_shared(path) { self.shared_path(sha256) } else { self.dir(c).join(path) }
+        if is_shared(path) {
+            self.shared_path(sha256)
+        } else {
+            self.dir(c).join(path)
+        }
     }
 }
 
@@ -63,7 +68,10 @@ impl CheckpointStorage for FsStorage {
                 }
                 // Copy beside the final name, then rename, so a crash never leaves a
                 // truncated file under a content-addressed name.
-                let partial = self.root.join(SHARED).join(format!("{}.{}.partial", file.sha256, c.run));
+                let partial = self
+                    .root
+                    .join(SHARED)
+                    .join(format!("{}.{}.partial", file.sha256, c.run));
                 stats.bytes_written += copy_synced(&from, &partial)?;
                 fs::rename(&partial, &to).map_err(|e| CheckpointError::io(&to, e))?;
                 new_shared = true;
@@ -79,11 +87,12 @@ impl CheckpointStorage for FsStorage {
             sync_dir(&self.root.join(SHARED))?;
         }
         let manifest_path = tmp.join(MANIFEST);
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| CheckpointError::BadManifest {
-            name: c.to_string(),
-            path: manifest_path.clone(),
-            reason: e.to_string(),
-        })?;
+        let json =
+            serde_json::to_vec_pretty(manifest).map_err(|e| CheckpointError::BadManifest {
+                name: c.to_string(),
+                path: manifest_path.clone(),
+                reason: e.to_string(),
+            })?;
         write_synced(&manifest_path, &json)?;
         stats.bytes_written += json.len() as u64;
         for dir in dirs_below(&tmp)? {
@@ -99,7 +108,11 @@ impl CheckpointStorage for FsStorage {
         let path = self.root.join(name);
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
-        let tmp = dir.join(format!(".{}.tmp-{}", name.replace('/', "_"), std::process::id()));
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}",
+            name.replace('/', "_"),
+            std::process::id()
+        ));
         write_synced(&tmp, bytes)?;
         // A hard link fails if `path` exists: publish once, atomically.
         let linked = fs::hard_link(&tmp, &path);
@@ -124,10 +137,17 @@ impl CheckpointStorage for FsStorage {
     fn read_manifest(&self, c: &CheckpointRef) -> Result<Manifest, CheckpointError> {
         let dir = self.dir(c);
         if !dir.is_dir() {
-            return Err(CheckpointError::Missing { name: c.to_string(), path: dir });
+            return Err(CheckpointError::Missing {
+                name: c.to_string(),
+                path: dir,
+            });
         }
         let path = dir.join(MANIFEST);
-        let bad = |reason: String| CheckpointError::BadManifest { name: c.to_string(), path: path.clone(), reason };
+        let bad = |reason: String| CheckpointError::BadManifest {
+            name: c.to_string(),
+            path: path.clone(),
+            reason,
+        };
         let bytes = fs::read(&path).map_err(|e| bad(e.to_string()))?;
         Manifest::parse(&bytes, c).map_err(bad)
     }
@@ -163,13 +183,19 @@ impl CheckpointStorage for FsStorage {
             let Some(checkpoint) = entry.file_name().to_str().and_then(CheckpointRef::parse) else {
                 continue;
             };
-            out.push(CheckpointInfo { completed: entry.path().join(COMPLETED).exists(), checkpoint });
+            out.push(CheckpointInfo {
+                completed: entry.path().join(COMPLETED).exists(),
+                checkpoint,
+            });
         }
         out.sort_by(|a, b| a.checkpoint.cmp(&b.checkpoint));
         Ok(out)
     }
 
-    fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError> {
+    fn discard_uncommitted(
+        &self,
+        committed: Option<&CheckpointRef>,
+    ) -> Result<Vec<CheckpointRef>, CheckpointError> {
         // Unfinished `.tmp` writes are left to `prune`: one may belong to a paused zombie
         // that should find out it is fenced at its commit, not by a vanished directory.
         let mut removed = Vec::new();
@@ -186,11 +212,23 @@ impl CheckpointStorage for FsStorage {
 
     fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError> {
         let all = self.list()?;
-        let completed: Vec<&CheckpointRef> = all.iter().filter(|i| i.completed).map(|i| &i.checkpoint).collect();
+        let completed: Vec<&CheckpointRef> = all
+            .iter()
+            .filter(|i| i.completed)
+            .map(|i| &i.checkpoint)
+            .collect();
         let cut = completed.len().saturating_sub(retained);
-        let mut doomed: Vec<&CheckpointRef> = completed.into_iter().take(cut).filter(|c| *c != keep).collect();
+        let mut doomed: Vec<&CheckpointRef> = completed
+            .into_iter()
+            .take(cut)
+            .filter(|c| *c != keep)
+            .collect();
         // Incomplete and older than the committed one: abandoned by a crash or a zombie.
-        doomed.extend(all.iter().filter(|i| !i.completed && i.checkpoint.id < keep.id).map(|i| &i.checkpoint));
+        doomed.extend(
+            all.iter()
+                .filter(|i| !i.completed && i.checkpoint.id < keep.id)
+                .map(|i| &i.checkpoint),
+        );
         for c in doomed {
             remove_dir_if_exists(&self.dir(c))?;
         }
@@ -207,7 +245,13 @@ impl CheckpointStorage for FsStorage {
             // A checkpoint being written by someone else has no manifest yet; its shared
             // files can only belong to an uncommitted epoch.
             if let Ok(m) = self.read_manifest(&info.checkpoint) {
-                referenced.extend(m.state.files.into_iter().filter(|f| is_shared(&f.path)).map(|f| f.sha256));
+                referenced.extend(
+                    m.state
+                        .files
+                        .into_iter()
+                        .filter(|f| is_shared(&f.path))
+                        .map(|f| f.sha256),
+                );
             }
         }
         let shared = self.root.join(SHARED);
@@ -215,7 +259,9 @@ impl CheckpointStorage for FsStorage {
             let entry = entry.map_err(|e| CheckpointError::io(&shared, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             // `<sha>.<run>.partial`: an upload cut short; ours are never in flight here.
-            let abandoned_partial = name.strip_suffix(".partial").is_some_and(|n| !n.ends_with(&format!(".{}", keep.run)));
+            let abandoned_partial = name
+                .strip_suffix(".partial")
+                .is_some_and(|n| !n.ends_with(&format!(".{}", keep.run)));
             let unreferenced = !name.ends_with(".partial") && !referenced.contains(&name);
             if abandoned_partial || unreferenced {
                 fs::remove_file(entry.path()).map_err(|e| CheckpointError::io(&entry.path(), e))?;
@@ -238,18 +284,23 @@ fn remove_dir_if_exists(path: &Path) -> Result<(), CheckpointError> {
 
 fn copy_synced(from: &Path, to: &Path) -> Result<u64, CheckpointError> {
     let n = fs::copy(from, to).map_err(|e| CheckpointError::io(from, e))?;
-    fs::File::open(to).and_then(|f| f.sync_all()).map_err(|e| CheckpointError::io(to, e))?;
+    fs::File::open(to)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CheckpointError::io(to, e))?;
     Ok(n)
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let mut f = fs::File::create(path).map_err(|e| CheckpointError::io(path, e))?;
-    f.write_all(bytes).map_err(|e| CheckpointError::io(path, e))?;
+    f.write_all(bytes)
+        .map_err(|e| CheckpointError::io(path, e))?;
     f.sync_all().map_err(|e| CheckpointError::io(path, e))
 }
 
 fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
-    fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| CheckpointError::io(path, e))
+    fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CheckpointError::io(path, e))
 }
 
 fn dirs_below(root: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
@@ -259,7 +310,11 @@ fn dirs_below(root: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
         let dir = out[i].clone();
         for entry in fs::read_dir(&dir).map_err(|e| CheckpointError::io(&dir, e))? {
             let entry = entry.map_err(|e| CheckpointError::io(&dir, e))?;
-            if entry.file_type().map_err(|e| CheckpointError::io(&entry.path(), e))?.is_dir() {
+            if entry
+                .file_type()
+                .map_err(|e| CheckpointError::io(&entry.path(), e))?
+                .is_dir()
+            {
                 out.push(entry.path());
             }
         }
@@ -306,8 +361,14 @@ mod tests {
         let sha = &m.state.files[0].sha256;
         fs::remove_file(s.shared_path(sha)).expect("delete shared file");
         let out = tempfile::tempdir().expect("dir");
-        let err = s.fetch(&m, &out.path().join("r")).expect_err("missing file").to_string();
-        assert!(err.contains("chk-1-dddddddd") && err.contains(sha.as_str()), "{err}");
+        let err = s
+            .fetch(&m, &out.path().join("r"))
+            .expect_err("missing file")
+            .to_string();
+        assert!(
+            err.contains("chk-1-dddddddd") && err.contains(sha.as_str()),
+            "{err}"
+        );
     }
 
     #[test]
@@ -315,9 +376,13 @@ mod tests {
         let (_dir, s) = storage();
         let src = tempfile::tempdir().expect("dir");
         let c = CheckpointRef::new(3, "eeeeeeee");
-        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path()).expect("first write");
+        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path())
+            .expect("first write");
         let again = s.write(&suite::manifest(&c, src.path(), &[("a", b"2")]), src.path());
-        assert!(again.is_err(), "a second writer of the same name must fail, not replace it");
+        assert!(
+            again.is_err(),
+            "a second writer of the same name must fail, not replace it"
+        );
         assert_eq!(fs::read(s.dir(&c).join("a")).expect("read"), b"1");
     }
 }

@@ -22,7 +22,10 @@ pub struct CheckpointRef {
 
 impl CheckpointRef {
     pub fn new(id: u64, run: &str) -> Self {
-        Self { id, run: run.to_string() }
+        Self {
+            id,
+            run: run.to_string(),
+        }
     }
 
     /// A fresh run id: 8 hex digits from the OS's randomness.
@@ -34,7 +37,10 @@ impl CheckpointRef {
         let (id, run) = name.strip_prefix("chk-")?.split_once('-')?;
         let valid_run = run.len() == 8 && run.bytes().all(|b| b.is_ascii_hexdigit());
         valid_run.then_some(())?;
-        Some(Self { id: id.parse().ok()?, run: run.to_string() })
+        Some(Self {
+            id: id.parse().ok()?,
+            run: run.to_string(),
+        })
     }
 }
 
@@ -89,7 +95,10 @@ impl Manifest {
     pub fn parse(bytes: &[u8], expected: &CheckpointRef) -> Result<Self, String> {
         let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if manifest.format_version != FORMAT_VERSION {
-            return Err(format!("format version {} is not {FORMAT_VERSION}", manifest.format_version));
+            return Err(format!(
+                "format version {} is not {FORMAT_VERSION}",
+                manifest.format_version
+            ));
         }
         if manifest.checkpoint != *expected {
             return Err(format!("names checkpoint {}", manifest.checkpoint));
@@ -110,7 +119,9 @@ pub fn is_shared(path: &str) -> bool {
 /// Rejects paths that could escape the checkpoint directory.
 pub fn is_safe_path(path: &str) -> bool {
     let p = std::path::Path::new(path);
-    !path.is_empty() && p.components().all(|c| matches!(c, std::path::Component::Normal(_)))
+    !path.is_empty()
+        && p.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 #[cfg(test)]
@@ -121,7 +132,13 @@ mod tests {
     fn checkpoint_names_round_trip_and_reject_junk() {
         let c = CheckpointRef::new(42, "0badcafe");
         assert_eq!(CheckpointRef::parse(&c.to_string()), Some(c));
-        for junk in ["chk-1", "chk-x-0badcafe", "chk-1-../../x", "chk-1-0badcafe.tmp", "manifest"] {
+        for junk in [
+            "chk-1",
+            "chk-x-0badcafe",
+            "chk-1-../../x",
+            "chk-1-0badcafe.tmp",
+            "manifest",
+        ] {
             assert_eq!(CheckpointRef::parse(junk), None, "{junk}");
         }
     }

@@ -11,8 +11,10 @@ mod manifest;
 mod s3;
 
 pub use fs::FsStorage;
+pub use manifest::{
+    CheckpointRef, FORMAT_VERSION, Manifest, PartitionOffset, is_safe_path, is_shared,
+};
 pub use s3::S3Storage;
-pub use manifest::{CheckpointRef, FORMAT_VERSION, Manifest, PartitionOffset, is_safe_path, is_shared};
 
 use std::path::{Path, PathBuf};
 
@@ -21,13 +23,24 @@ use crate::config::{Config, StorageLocation};
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint storage I/O on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("checkpoint {name} is missing at {path}")]
     Missing { name: String, path: PathBuf },
     #[error("checkpoint {name}: manifest {path} is unreadable: {reason}")]
-    BadManifest { name: String, path: PathBuf, reason: String },
+    BadManifest {
+        name: String,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("checkpoint {name}: file {path} is missing or damaged: {reason}")]
-    Corrupt { name: String, path: PathBuf, reason: String },
+    Corrupt {
+        name: String,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("checkpoint.storage: {0}")]
     Unsupported(String),
     /// A request to an object store failed (after the client's retries), or the client
@@ -41,7 +54,10 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.to_path_buf(), source }
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -73,7 +89,10 @@ pub trait CheckpointStorage: Send + Sync {
     fn list(&self) -> Result<Vec<CheckpointInfo>, CheckpointError>;
     /// Deletes published checkpoints that were never committed: newer than `committed`
     /// or written by another run with the same id. Unfinished writes are `prune`'s.
-    fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError>;
+    fn discard_uncommitted(
+        &self,
+        committed: Option<&CheckpointRef>,
+    ) -> Result<Vec<CheckpointRef>, CheckpointError>;
     /// Keeps the newest `retained` completed checkpoints and always `keep`; removes
     /// abandoned checkpoints and unfinished writes older than `keep`, and shared files
     /// that no remaining checkpoint references.
@@ -91,9 +110,14 @@ pub trait CheckpointStorage: Send + Sync {
 /// Opens the storage `checkpoint.storage` names, for this app and instance.
 pub fn open_storage(config: &Config) -> Result<Box<dyn CheckpointStorage>, CheckpointError> {
     let (app, instance) = (&config.kafka.app_id, config.job.instance);
-    match config.checkpoint_location().map_err(|e| CheckpointError::Unsupported(e.to_string()))? {
+    match config
+        .checkpoint_location()
+        .map_err(|e| CheckpointError::Unsupported(e.to_string()))?
+    {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(&dir, app, instance)?)),
-        StorageLocation::S3 { bucket, prefix } => Ok(Box::new(S3Storage::open(&bucket, &prefix, app, instance)?)),
+        StorageLocation::S3 { bucket, prefix } => {
+            Ok(Box::new(S3Storage::open(&bucket, &prefix, app, instance)?))
+        }
     }
 }
 
@@ -126,7 +150,9 @@ mod tests {
 pub(crate) mod suite {
     use super::*;
     use sha2::{Digest, Sha256};
-    use streamstate_state::{BackendKind, KeyGroupRange, KeyedFormat, SnapshotFile, SnapshotResult};
+    use streamstate_state::{
+        BackendKind, KeyGroupRange, KeyedFormat, SnapshotFile, SnapshotResult,
+    };
 
     /// Writes `files` (path, content) under `src` and returns a manifest listing them.
     pub fn manifest(c: &CheckpointRef, src: &Path, files: &[(&str, &[u8])]) -> Manifest {
@@ -147,7 +173,11 @@ pub(crate) mod suite {
             app_id: "a".into(),
             instance: 0,
             created_at_ms: 0,
-            offsets: vec![PartitionOffset { topic: "t".into(), partition: 0, offset: 7 }],
+            offsets: vec![PartitionOffset {
+                topic: "t".into(),
+                partition: 0,
+                offset: 7,
+            }],
             control_offsets: vec![],
             state: SnapshotResult {
                 format_version: 1,
@@ -165,26 +195,54 @@ pub(crate) mod suite {
 
     pub fn round_trips_and_shares_sst_files(s: &dyn CheckpointStorage) {
         let src = tempfile::tempdir().expect("dir");
-        let (c1, c2) = (CheckpointRef::new(1, "00000001"), CheckpointRef::new(2, "00000001"));
+        let (c1, c2) = (
+            CheckpointRef::new(1, "00000001"),
+            CheckpointRef::new(2, "00000001"),
+        );
         let big = vec![7u8; 100_000];
-        let m1 = manifest(&c1, src.path(), &[("db/000010.sst", &big), ("db/MANIFEST-1", b"m1"), ("meta.json", b"{}")]);
+        let m1 = manifest(
+            &c1,
+            src.path(),
+            &[
+                ("db/000010.sst", &big),
+                ("db/MANIFEST-1", b"m1"),
+                ("meta.json", b"{}"),
+            ],
+        );
         let w1 = s.write(&m1, src.path()).expect("write 1");
         assert!(w1.bytes_written >= 100_000);
         s.mark_complete(&c1).expect("complete");
         assert_eq!(s.read_manifest(&c1).expect("read"), m1);
 
-        let m2 = manifest(&c2, src.path(), &[("db/000010.sst", &big), ("db/000011.sst", b"new"), ("meta.json", b"{1}")]);
+        let m2 = manifest(
+            &c2,
+            src.path(),
+            &[
+                ("db/000010.sst", &big),
+                ("db/000011.sst", b"new"),
+                ("meta.json", b"{1}"),
+            ],
+        );
         let w2 = s.write(&m2, src.path()).expect("write 2");
-        assert!(w2.bytes_written < 10_000, "the unchanged SST must not be stored again: {w2:?}");
+        assert!(
+            w2.bytes_written < 10_000,
+            "the unchanged SST must not be stored again: {w2:?}"
+        );
         assert!(w2.bytes_total > 100_000);
         s.mark_complete(&c2).expect("complete");
 
         s.prune(1, &c2).expect("prune");
-        let names: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
+        let names: Vec<_> = s
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|i| i.checkpoint)
+            .collect();
         assert_eq!(names, vec![c2.clone()]);
         let out = tempfile::tempdir().expect("dir");
         let into = out.path().join("restore");
-        s.fetch(&s.read_manifest(&c2).expect("read"), &into).expect("fetch after prune");
+        s.fetch(&s.read_manifest(&c2).expect("read"), &into)
+            .expect("fetch after prune");
         assert_eq!(std::fs::read(into.join("db/000010.sst")).expect("sst"), big);
         assert_eq!(std::fs::read(into.join("meta.json")).expect("meta"), b"{1}");
     }
@@ -192,25 +250,47 @@ pub(crate) mod suite {
     pub fn discards_what_never_committed(s: &dyn CheckpointStorage) {
         let src = tempfile::tempdir().expect("dir");
         let committed = CheckpointRef::new(5, "aaaaaaaa");
-        for c in [CheckpointRef::new(4, "aaaaaaaa"), committed.clone(), CheckpointRef::new(5, "bbbbbbbb"), CheckpointRef::new(6, "aaaaaaaa")] {
-            s.write(&manifest(&c, src.path(), &[("x", b"x")]), src.path()).expect("write");
+        for c in [
+            CheckpointRef::new(4, "aaaaaaaa"),
+            committed.clone(),
+            CheckpointRef::new(5, "bbbbbbbb"),
+            CheckpointRef::new(6, "aaaaaaaa"),
+        ] {
+            s.write(&manifest(&c, src.path(), &[("x", b"x")]), src.path())
+                .expect("write");
         }
         let mut removed = s.discard_uncommitted(Some(&committed)).expect("discard");
         removed.sort();
-        assert_eq!(removed, vec![CheckpointRef::new(5, "bbbbbbbb"), CheckpointRef::new(6, "aaaaaaaa")]);
+        assert_eq!(
+            removed,
+            vec![
+                CheckpointRef::new(5, "bbbbbbbb"),
+                CheckpointRef::new(6, "aaaaaaaa")
+            ]
+        );
         assert_eq!(s.discard_uncommitted(None).expect("discard all").len(), 2);
     }
 
     pub fn documents_are_published_once(s: &dyn CheckpointStorage) {
         assert_eq!(s.get_document("sets/a.json").expect("get"), None);
-        s.put_document("sets/a.json", b"{\"v\":1}").expect("first put");
-        assert!(s.put_document("sets/a.json", b"{\"v\":2}").is_err(), "a document is written once");
-        assert_eq!(s.get_document("sets/a.json").expect("get").as_deref(), Some(&b"{\"v\":1}"[..]));
+        s.put_document("sets/a.json", b"{\"v\":1}")
+            .expect("first put");
+        assert!(
+            s.put_document("sets/a.json", b"{\"v\":2}").is_err(),
+            "a document is written once"
+        );
+        assert_eq!(
+            s.get_document("sets/a.json").expect("get").as_deref(),
+            Some(&b"{\"v\":1}"[..])
+        );
     }
 
     pub fn names_missing_checkpoints_and_files(s: &dyn CheckpointStorage) {
         let c = CheckpointRef::new(9, "cccccccc");
         let err = s.read_manifest(&c).expect_err("missing").to_string();
-        assert!(err.contains("chk-9-cccccccc") && err.contains("missing"), "{err}");
+        assert!(
+            err.contains("chk-9-cccccccc") && err.contains("missing"),
+            "{err}"
+        );
     }
 }

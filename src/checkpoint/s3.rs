@@ -37,7 +37,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 
 use super::{
-    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats, is_shared,
+    CheckpointError, CheckpointInfo, CheckpointRef, CheckpointStorage, Manifest, WriteStats,
+    is_shared,
 };
 
 const MANIFEST: &str = "manifest.json";
@@ -86,7 +87,9 @@ struct Entry {
 
 impl std::fmt::Debug for S3Storage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Storage").field("location", &self.describe()).finish_non_exhaustive()
+        f.debug_struct("S3Storage")
+            .field("location", &self.describe())
+            .finish_non_exhaustive()
     }
 }
 
@@ -94,8 +97,19 @@ impl S3Storage {
     /// Opens `s3://<bucket>/<prefix>` for this app and instance with client settings
     /// from the environment. Makes no request: a wrong endpoint or credentials show up
     /// at the first operation, which recovery performs right after start.
-    pub fn open(bucket: &str, prefix: &str, app_id: &str, instance: u32) -> Result<Self, CheckpointError> {
-        Self::with_builder(AmazonS3Builder::from_env(), bucket, prefix, app_id, instance)
+    pub fn open(
+        bucket: &str,
+        prefix: &str,
+        app_id: &str,
+        instance: u32,
+    ) -> Result<Self, CheckpointError> {
+        Self::with_builder(
+            AmazonS3Builder::from_env(),
+            bucket,
+            prefix,
+            app_id,
+            instance,
+        )
     }
 
     /// Like [`S3Storage::open`] with client settings from `builder` (tests, tools).
@@ -107,21 +121,31 @@ impl S3Storage {
         instance: u32,
     ) -> Result<Self, CheckpointError> {
         let location = format!("s3://{bucket}/{prefix}");
-        let bad = |reason: String| CheckpointError::ObjectStore { key: location.clone(), reason };
-        let base = Path::parse(prefix.trim_matches('/')).map_err(|e| bad(format!("invalid key prefix: {e}")))?;
+        let bad = |reason: String| CheckpointError::ObjectStore {
+            key: location.clone(),
+            reason,
+        };
+        let base = Path::parse(prefix.trim_matches('/'))
+            .map_err(|e| bad(format!("invalid key prefix: {e}")))?;
         let root = base.join(app_id).join(format!("instance-{instance}"));
         let endpoint = builder
             .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
             .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint));
         let mut builder = builder.with_bucket_name(bucket);
-        if endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
+        if endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
+        {
             // An explicit http:// endpoint is a deliberate choice (a local MinIO or moto);
             // object_store would otherwise refuse it.
             builder = builder.with_allow_http(true);
         }
-        let conditional_put =
-            builder.get_config_value(&AmazonS3ConfigKey::ConditionalPut).is_none_or(|v| v.trim() != "disabled");
-        let store = builder.build().map_err(|e| bad(format!("cannot configure the S3 client: {e}")))?;
+        let conditional_put = builder
+            .get_config_value(&AmazonS3ConfigKey::ConditionalPut)
+            .is_none_or(|v| v.trim() != "disabled");
+        let store = builder
+            .build()
+            .map_err(|e| bad(format!("cannot configure the S3 client: {e}")))?;
         // One thread is enough: requests are I/O-bound and overlap as futures.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -157,7 +181,8 @@ impl S3Storage {
         if is_shared(path) {
             self.shared_key(sha256)
         } else {
-            path.split('/').fold(self.dir(c), |key, part| key.join(part))
+            path.split('/')
+                .fold(self.dir(c), |key, part| key.join(part))
         }
     }
 
@@ -167,11 +192,17 @@ impl S3Storage {
     }
 
     fn store_error(&self, key: &Path, e: object_store::Error) -> CheckpointError {
-        CheckpointError::ObjectStore { key: self.url(key), reason: e.to_string() }
+        CheckpointError::ObjectStore {
+            key: self.url(key),
+            reason: e.to_string(),
+        }
     }
 
     fn io_error(&self, key: &Path, local: &LocalPath, e: std::io::Error) -> CheckpointError {
-        CheckpointError::ObjectStore { key: self.url(key), reason: format!("{}: {e}", local.display()) }
+        CheckpointError::ObjectStore {
+            key: self.url(key),
+            reason: format!("{}: {e}", local.display()),
+        }
     }
 
     async fn exists(&self, key: &Path) -> Result<Option<u64>, CheckpointError> {
@@ -187,15 +218,26 @@ impl S3Storage {
     /// at all.
     async fn upload(&self, from: &LocalPath, key: &Path) -> Result<u64, CheckpointError> {
         let mut file = fs::File::open(from).map_err(|e| self.io_error(key, from, e))?;
-        let len = file.metadata().map_err(|e| self.io_error(key, from, e))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| self.io_error(key, from, e))?
+            .len();
         if len < self.part_size as u64 {
             let mut bytes = Vec::with_capacity(len as usize);
-            file.read_to_end(&mut bytes).map_err(|e| self.io_error(key, from, e))?;
+            file.read_to_end(&mut bytes)
+                .map_err(|e| self.io_error(key, from, e))?;
             let sent = bytes.len() as u64;
-            self.store.put(key, PutPayload::from(bytes)).await.map_err(|e| self.store_error(key, e))?;
+            self.store
+                .put(key, PutPayload::from(bytes))
+                .await
+                .map_err(|e| self.store_error(key, e))?;
             return Ok(sent);
         }
-        let upload = self.store.put_multipart(key).await.map_err(|e| self.store_error(key, e))?;
+        let upload = self
+            .store
+            .put_multipart(key)
+            .await
+            .map_err(|e| self.store_error(key, e))?;
         let mut parts = WriteMultipart::new_with_chunk_size(upload, self.part_size);
         let mut buf = vec![0u8; self.part_size];
         let mut sent = 0u64;
@@ -236,7 +278,8 @@ impl S3Storage {
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| self.store_error(key, e))?;
-            out.write_all(&chunk).map_err(|e| CheckpointError::io(to, e))?;
+            out.write_all(&chunk)
+                .map_err(|e| CheckpointError::io(to, e))?;
             n += chunk.len() as u64;
         }
         Ok(Some(n))
@@ -250,16 +293,31 @@ impl S3Storage {
     /// ignores the header) this is head-then-put: a writer racing between the two requests
     /// could replace the manifest. Names carry the writing process's random run id, so
     /// only one process ever writes a given name and the race needs a bug to happen.
-    async fn publish_manifest(&self, c: &CheckpointRef, json: Vec<u8>) -> Result<(), CheckpointError> {
+    async fn publish_manifest(
+        &self,
+        c: &CheckpointRef,
+        json: Vec<u8>,
+    ) -> Result<(), CheckpointError> {
         let key = self.manifest_key(c);
-        let published = || CheckpointError::AlreadyPublished { name: c.to_string(), key: self.url(&key) };
+        let published = || CheckpointError::AlreadyPublished {
+            name: c.to_string(),
+            key: self.url(&key),
+        };
         if !self.conditional_put {
             if self.exists(&key).await?.is_some() {
                 return Err(published());
             }
-            return self.store.put(&key, json.into()).await.map(drop).map_err(|e| self.store_error(&key, e));
+            return self
+                .store
+                .put(&key, json.into())
+                .await
+                .map(drop)
+                .map_err(|e| self.store_error(&key, e));
         }
-        let create = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
         match self.store.put_opts(&key, json.into(), create).await {
             Ok(_) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => Err(published()),
@@ -267,13 +325,20 @@ impl S3Storage {
         }
     }
 
-    async fn write_async(&self, manifest: &Manifest, src: &LocalPath) -> Result<WriteStats, CheckpointError> {
+    async fn write_async(
+        &self,
+        manifest: &Manifest,
+        src: &LocalPath,
+    ) -> Result<WriteStats, CheckpointError> {
         let c = &manifest.checkpoint;
         // Checked before anything is uploaded: a second writer of a published name would
         // otherwise overwrite its private files before failing at the manifest.
         let manifest_key = self.manifest_key(c);
         if self.exists(&manifest_key).await?.is_some() {
-            return Err(CheckpointError::AlreadyPublished { name: c.to_string(), key: self.url(&manifest_key) });
+            return Err(CheckpointError::AlreadyPublished {
+                name: c.to_string(),
+                key: self.url(&manifest_key),
+            });
         }
         let total: u64 = manifest.state.files.iter().map(|f| f.size).sum();
         let written: u64 = futures::stream::iter(&manifest.state.files)
@@ -288,15 +353,19 @@ impl S3Storage {
             .buffer_unordered(FILES_IN_FLIGHT)
             .try_fold(0u64, |sum, n| async move { Ok(sum + n) })
             .await?;
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| CheckpointError::BadManifest {
-            name: c.to_string(),
-            path: PathBuf::from(self.url(&manifest_key)),
-            reason: e.to_string(),
-        })?;
+        let json =
+            serde_json::to_vec_pretty(manifest).map_err(|e| CheckpointError::BadManifest {
+                name: c.to_string(),
+                path: PathBuf::from(self.url(&manifest_key)),
+                reason: e.to_string(),
+            })?;
         let manifest_len = json.len() as u64;
         self.publish_manifest(c, json).await?;
         self.remember(manifest);
-        Ok(WriteStats { bytes_written: written + manifest_len, bytes_total: total })
+        Ok(WriteStats {
+            bytes_written: written + manifest_len,
+            bytes_total: total,
+        })
     }
 
     async fn read_manifest_async(&self, c: &CheckpointRef) -> Result<Manifest, CheckpointError> {
@@ -304,7 +373,10 @@ impl S3Storage {
         let bytes = match self.store.get(&key).await {
             Ok(got) => got.bytes().await.map_err(|e| self.store_error(&key, e))?,
             Err(object_store::Error::NotFound { .. }) => {
-                return Err(CheckpointError::Missing { name: c.to_string(), path: PathBuf::from(self.url(&key)) });
+                return Err(CheckpointError::Missing {
+                    name: c.to_string(),
+                    path: PathBuf::from(self.url(&key)),
+                });
             }
             Err(e) => return Err(self.store_error(&key, e)),
         };
@@ -316,7 +388,11 @@ impl S3Storage {
         Manifest::parse(&bytes, c).map_err(bad)
     }
 
-    async fn fetch_async(&self, manifest: &Manifest, into: &LocalPath) -> Result<(), CheckpointError> {
+    async fn fetch_async(
+        &self,
+        manifest: &Manifest,
+        into: &LocalPath,
+    ) -> Result<(), CheckpointError> {
         let c = &manifest.checkpoint;
         remove_dir_if_exists(into)?;
         for file in &manifest.state.files {
@@ -334,10 +410,14 @@ impl S3Storage {
                 };
                 match self.download(&key, &into.join(&file.path)).await? {
                     Some(n) if n == file.size => Ok(()),
-                    Some(n) => {
-                        Err(corrupt(format!("{n} bytes, the manifest lists {} as {} bytes", file.path, file.size)))
-                    }
-                    None => Err(corrupt(format!("missing (listed in the manifest as {})", file.path))),
+                    Some(n) => Err(corrupt(format!(
+                        "{n} bytes, the manifest lists {} as {} bytes",
+                        file.path, file.size
+                    ))),
+                    None => Err(corrupt(format!(
+                        "missing (listed in the manifest as {})",
+                        file.path
+                    ))),
                 }
             })
             .buffer_unordered(FILES_IN_FLIGHT)
@@ -348,17 +428,25 @@ impl S3Storage {
     /// Everything stored for this instance, from one recursive listing (one request per
     /// 1000 keys): cheaper than a listing per checkpoint, and one view for a whole prune.
     async fn scan(&self) -> Result<Scan, CheckpointError> {
-        let objects: Vec<object_store::ObjectMeta> =
-            self.store.list(Some(&self.root)).try_collect().await.map_err(|e| self.store_error(&self.root, e))?;
+        let objects: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&self.root))
+            .try_collect()
+            .await
+            .map_err(|e| self.store_error(&self.root, e))?;
         let mut scan = Scan::default();
         for meta in objects {
             // The key's segments below the root: `shared/<sha>` or `chk-…/<file…>`.
-            let Some(below) = meta.location.prefix_match(&self.root) else { continue };
+            let Some(below) = meta.location.prefix_match(&self.root) else {
+                continue;
+            };
             let below: Vec<String> = below.map(|part| part.as_ref().to_string()).collect();
             match below.as_slice() {
                 [top, _] if top == SHARED => scan.shared.push(meta),
                 [top, rest @ ..] => {
-                    let Some(c) = CheckpointRef::parse(top) else { continue };
+                    let Some(c) = CheckpointRef::parse(top) else {
+                        continue;
+                    };
                     let entry = scan.checkpoints.entry(c).or_default();
                     entry.manifest |= rest == [MANIFEST];
                     entry.completed |= rest == [COMPLETED];
@@ -378,7 +466,10 @@ impl S3Storage {
             .checkpoints
             .into_iter()
             .filter(|(_, e)| e.manifest)
-            .map(|(checkpoint, e)| CheckpointInfo { checkpoint, completed: e.completed })
+            .map(|(checkpoint, e)| CheckpointInfo {
+                checkpoint,
+                completed: e.completed,
+            })
             .collect())
     }
 
@@ -387,7 +478,9 @@ impl S3Storage {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut deleted = self.store.delete_stream(futures::stream::iter(keys.into_iter().map(Ok)).boxed());
+        let mut deleted = self
+            .store
+            .delete_stream(futures::stream::iter(keys.into_iter().map(Ok)).boxed());
         while let Some(result) = deleted.next().await {
             match result {
                 Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
@@ -400,7 +493,11 @@ impl S3Storage {
     /// Removes a checkpoint's objects as listed by [`S3Storage::scan`]: manifest first, so
     /// from that moment it no longer exists and an interrupted delete leaves debris rather
     /// than a checkpoint missing files.
-    async fn delete_checkpoint(&self, c: &CheckpointRef, entry: &Entry) -> Result<(), CheckpointError> {
+    async fn delete_checkpoint(
+        &self,
+        c: &CheckpointRef,
+        entry: &Entry,
+    ) -> Result<(), CheckpointError> {
         self.forget(c);
         let manifest = self.manifest_key(c);
         if entry.manifest {
@@ -409,7 +506,12 @@ impl S3Storage {
                 Err(e) => return Err(self.store_error(&manifest, e)),
             }
         }
-        let rest = entry.keys.iter().filter(|k| **k != manifest).cloned().collect();
+        let rest = entry
+            .keys
+            .iter()
+            .filter(|k| **k != manifest)
+            .cloned()
+            .collect();
         self.delete_keys(rest, &self.dir(c)).await
     }
 
@@ -430,16 +532,34 @@ impl S3Storage {
         Ok(removed)
     }
 
-    async fn prune_async(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError> {
-        let Scan { checkpoints, shared } = self.scan().await?;
-        let completed: Vec<&CheckpointRef> =
-            checkpoints.iter().filter(|(_, e)| e.manifest && e.completed).map(|(c, _)| c).collect();
+    async fn prune_async(
+        &self,
+        retained: usize,
+        keep: &CheckpointRef,
+    ) -> Result<(), CheckpointError> {
+        let Scan {
+            checkpoints,
+            shared,
+        } = self.scan().await?;
+        let completed: Vec<&CheckpointRef> = checkpoints
+            .iter()
+            .filter(|(_, e)| e.manifest && e.completed)
+            .map(|(c, _)| c)
+            .collect();
         let cut = completed.len().saturating_sub(retained);
-        let mut doomed: HashSet<&CheckpointRef> = completed.into_iter().take(cut).filter(|c| *c != keep).collect();
+        let mut doomed: HashSet<&CheckpointRef> = completed
+            .into_iter()
+            .take(cut)
+            .filter(|c| *c != keep)
+            .collect();
         // Incomplete (or without a manifest) and older than the committed one: abandoned
         // by a crash or a zombie. Newer debris may be a write in progress.
-        doomed
-            .extend(checkpoints.iter().filter(|(c, e)| !(e.manifest && e.completed) && c.id < keep.id).map(|(c, _)| c));
+        doomed.extend(
+            checkpoints
+                .iter()
+                .filter(|(c, e)| !(e.manifest && e.completed) && c.id < keep.id)
+                .map(|(c, _)| c),
+        );
         let mut referenced = HashSet::new();
         for (c, entry) in &checkpoints {
             if doomed.contains(c) {
@@ -458,10 +578,15 @@ impl S3Storage {
         }
         let orphans: Vec<Path> = shared
             .into_iter()
-            .filter(|meta| meta.location.filename().is_some_and(|name| !referenced.contains(name)))
+            .filter(|meta| {
+                meta.location
+                    .filename()
+                    .is_some_and(|name| !referenced.contains(name))
+            })
             .map(|meta| meta.location)
             .collect();
-        self.delete_keys(orphans, &self.root.clone().join(SHARED)).await
+        self.delete_keys(orphans, &self.root.clone().join(SHARED))
+            .await
     }
 
     /// The shared files a published checkpoint references. A manifest never changes once
@@ -475,10 +600,16 @@ impl S3Storage {
     }
 
     fn remember(&self, manifest: &Manifest) -> Arc<Vec<String>> {
-        let hashes: Vec<String> =
-            manifest.state.files.iter().filter(|f| is_shared(&f.path)).map(|f| f.sha256.clone()).collect();
+        let hashes: Vec<String> = manifest
+            .state
+            .files
+            .iter()
+            .filter(|f| is_shared(&f.path))
+            .map(|f| f.sha256.clone())
+            .collect();
         let hashes = Arc::new(hashes);
-        self.lock_manifests().insert(manifest.checkpoint.clone(), hashes.clone());
+        self.lock_manifests()
+            .insert(manifest.checkpoint.clone(), hashes.clone());
         hashes
     }
 
@@ -486,19 +617,30 @@ impl S3Storage {
         self.lock_manifests().remove(c);
     }
 
-    fn lock_manifests(&self) -> std::sync::MutexGuard<'_, HashMap<CheckpointRef, Arc<Vec<String>>>> {
+    fn lock_manifests(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<CheckpointRef, Arc<Vec<String>>>> {
         // The map is a cache of immutable data: a panic elsewhere cannot leave it wrong.
-        self.manifests.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.manifests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn mark_complete_async(&self, c: &CheckpointRef) -> Result<(), CheckpointError> {
         // Only a published checkpoint can complete; a marker alone would be debris.
         let manifest = self.manifest_key(c);
         if self.exists(&manifest).await?.is_none() {
-            return Err(CheckpointError::Missing { name: c.to_string(), path: PathBuf::from(self.url(&manifest)) });
+            return Err(CheckpointError::Missing {
+                name: c.to_string(),
+                path: PathBuf::from(self.url(&manifest)),
+            });
         }
         let key = self.dir(c).join(COMPLETED);
-        self.store.put(&key, PutPayload::default()).await.map(drop).map_err(|e| self.store_error(&key, e))
+        self.store
+            .put(&key, PutPayload::default())
+            .await
+            .map(drop)
+            .map_err(|e| self.store_error(&key, e))
     }
 }
 
@@ -513,16 +655,26 @@ impl CheckpointStorage for S3Storage {
 
     fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
         let key = self.root.clone().join(name);
-        let opts = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
+        let opts = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
         let payload = PutPayload::from(bytes.to_vec());
-        self.runtime.block_on(self.store.put_opts(&key, payload, opts)).map(drop).map_err(|e| self.store_error(&key, e))
+        self.runtime
+            .block_on(self.store.put_opts(&key, payload, opts))
+            .map(drop)
+            .map_err(|e| self.store_error(&key, e))
     }
 
     fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
         let key = self.root.clone().join(name);
         self.runtime.block_on(async {
             match self.store.get(&key).await {
-                Ok(got) => got.bytes().await.map(|b| Some(b.to_vec())).map_err(|e| self.store_error(&key, e)),
+                Ok(got) => got
+                    .bytes()
+                    .await
+                    .map(|b| Some(b.to_vec()))
+                    .map_err(|e| self.store_error(&key, e)),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.store_error(&key, e)),
             }
@@ -541,8 +693,12 @@ impl CheckpointStorage for S3Storage {
         self.runtime.block_on(self.list_async())
     }
 
-    fn discard_uncommitted(&self, committed: Option<&CheckpointRef>) -> Result<Vec<CheckpointRef>, CheckpointError> {
-        self.runtime.block_on(self.discard_uncommitted_async(committed))
+    fn discard_uncommitted(
+        &self,
+        committed: Option<&CheckpointRef>,
+    ) -> Result<Vec<CheckpointRef>, CheckpointError> {
+        self.runtime
+            .block_on(self.discard_uncommitted_async(committed))
     }
 
     fn prune(&self, retained: usize, keep: &CheckpointRef) -> Result<(), CheckpointError> {
@@ -589,22 +745,30 @@ mod tests {
     use std::time::Duration;
 
     fn endpoint() -> String {
-        std::env::var("STREAMSTATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:19000".to_string())
+        std::env::var("STREAMSTATE_TEST_S3_ENDPOINT")
+            .unwrap_or_else(|_| "http://127.0.0.1:19000".to_string())
     }
 
     /// A bucket no other test (or earlier run) uses.
     fn unique_bucket() -> String {
         static N: AtomicU32 = AtomicU32::new(0);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        format!("sst-{}-{}-{}", std::process::id(), now % 1_000_000_000, N.fetch_add(1, Ordering::SeqCst))
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!(
+            "sst-{}-{}-{}",
+            std::process::id(),
+            now % 1_000_000_000,
+            N.fetch_add(1, Ordering::SeqCst)
+        )
     }
 
     /// Creates a bucket with a plain unsigned `PUT /<bucket>`, which moto accepts;
     /// object_store has no bucket API.
     fn create_bucket(endpoint: &str, bucket: &str) {
-        let hint =
-            "is the test S3 server up? run `integration-tests/s3/moto.sh start` (or set STREAMSTATE_TEST_S3_ENDPOINT)";
-        let url = url::Url::parse(endpoint).unwrap_or_else(|e| panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint}: {e}"));
+        let hint = "is the test S3 server up? run `integration-tests/s3/moto.sh start` (or set STREAMSTATE_TEST_S3_ENDPOINT)";
+        let url = url::Url::parse(endpoint)
+            .unwrap_or_else(|e| panic!("STREAMSTATE_TEST_S3_ENDPOINT={endpoint}: {e}"));
         let host = url.host_str().unwrap_or("127.0.0.1");
         let port = url.port_or_known_default().unwrap_or(80);
         let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
@@ -612,12 +776,16 @@ mod tests {
             .and_then(|mut a| a.next())
             .unwrap_or_else(|| panic!("cannot resolve {host}:{port}; {hint}"));
         let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-            .unwrap_or_else(|e| panic!("cannot connect to the S3 endpoint {endpoint}: {e}; {hint}"));
-        conn.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to the S3 endpoint {endpoint}: {e}; {hint}")
+            });
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
         write!(conn, "PUT /{bucket} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             .unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
         let mut reply = String::new();
-        conn.read_to_string(&mut reply).unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
+        conn.read_to_string(&mut reply)
+            .unwrap_or_else(|e| panic!("create bucket {bucket} at {endpoint}: {e}; {hint}"));
         let status = reply.split_whitespace().nth(1).unwrap_or("none");
         assert_eq!(
             status,
@@ -661,7 +829,12 @@ mod tests {
     fn keys_under(s: &S3Storage, prefix: &Path) -> Vec<String> {
         let mut keys: Vec<String> = s
             .runtime
-            .block_on(s.store.list(Some(prefix)).map_ok(|m| m.location.to_string()).try_collect::<Vec<_>>())
+            .block_on(
+                s.store
+                    .list(Some(prefix))
+                    .map_ok(|m| m.location.to_string())
+                    .try_collect::<Vec<_>>(),
+            )
             .expect("list");
         keys.sort();
         keys
@@ -692,10 +865,18 @@ mod tests {
         let m = suite::manifest(&c, src.path(), &[("db/000001.sst", b"sst")]);
         s.write(&m, src.path()).expect("write");
         let sha = &m.state.files[0].sha256;
-        s.runtime.block_on(s.store.delete(&s.shared_key(sha))).expect("delete shared object");
+        s.runtime
+            .block_on(s.store.delete(&s.shared_key(sha)))
+            .expect("delete shared object");
         let out = tempfile::tempdir().expect("dir");
-        let err = s.fetch(&m, &out.path().join("r")).expect_err("missing object").to_string();
-        assert!(err.contains("chk-1-dddddddd") && err.contains(sha.as_str()) && err.contains("missing"), "{err}");
+        let err = s
+            .fetch(&m, &out.path().join("r"))
+            .expect_err("missing object")
+            .to_string();
+        assert!(
+            err.contains("chk-1-dddddddd") && err.contains(sha.as_str()) && err.contains("missing"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -703,17 +884,33 @@ mod tests {
         let s = storage();
         let src = tempfile::tempdir().expect("dir");
         let c = CheckpointRef::new(3, "eeeeeeee");
-        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path()).expect("first write");
+        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path())
+            .expect("first write");
         let again = s.write(&suite::manifest(&c, src.path(), &[("a", b"2")]), src.path());
-        let err = again.expect_err("a second writer of the same name must fail, not replace it").to_string();
-        assert!(err.contains("chk-3-eeeeeeee") && err.contains("published once"), "{err}");
+        let err = again
+            .expect_err("a second writer of the same name must fail, not replace it")
+            .to_string();
+        assert!(
+            err.contains("chk-3-eeeeeeee") && err.contains("published once"),
+            "{err}"
+        );
         assert_eq!(get(&s, &s.dir(&c).join("a")).as_deref(), Some(&b"1"[..]));
         // The store itself must refuse the race the head check cannot see: two writers
         // that both passed it. Needs conditional puts (If-None-Match) on the server.
         assert!(s.conditional_put);
         let raced = s.runtime.block_on(s.publish_manifest(&c, b"{}".to_vec()));
-        assert!(matches!(raced, Err(CheckpointError::AlreadyPublished { .. })), "{raced:?}");
-        assert_eq!(s.read_manifest(&c).expect("first manifest stays").state.files[0].size, 1);
+        assert!(
+            matches!(raced, Err(CheckpointError::AlreadyPublished { .. })),
+            "{raced:?}"
+        );
+        assert_eq!(
+            s.read_manifest(&c)
+                .expect("first manifest stays")
+                .state
+                .files[0]
+                .size,
+            1
+        );
     }
 
     #[test]
@@ -726,10 +923,19 @@ mod tests {
         assert!(!s.conditional_put);
         let src = tempfile::tempdir().expect("dir");
         let c = CheckpointRef::new(3, "eeeeeeee");
-        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path()).expect("first write");
+        s.write(&suite::manifest(&c, src.path(), &[("a", b"1")]), src.path())
+            .expect("first write");
         let raced = s.runtime.block_on(s.publish_manifest(&c, b"{}".to_vec()));
-        assert!(matches!(raced, Err(CheckpointError::AlreadyPublished { .. })), "{raced:?}");
-        assert_eq!(s.read_manifest(&c).expect("first manifest stays").checkpoint, c);
+        assert!(
+            matches!(raced, Err(CheckpointError::AlreadyPublished { .. })),
+            "{raced:?}"
+        );
+        assert_eq!(
+            s.read_manifest(&c)
+                .expect("first manifest stays")
+                .checkpoint,
+            c
+        );
         assert_eq!(
             keys_under(&s, &s.root)[0],
             "app/instance-1/chk-3-eeeeeeee/a",
@@ -741,14 +947,18 @@ mod tests {
     /// the storage's own runtime must work (and drop) there.
     #[test]
     fn works_from_a_blocking_thread_of_another_runtime() {
-        let outer =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let outer = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
         let listed = outer.block_on(async {
             tokio::task::spawn_blocking(|| {
                 let s = storage();
                 let src = tempfile::tempdir().expect("dir");
                 let c = CheckpointRef::new(1, "0000000e");
-                s.write(&suite::manifest(&c, src.path(), &[("x", b"x")]), src.path()).expect("write");
+                s.write(&suite::manifest(&c, src.path(), &[("x", b"x")]), src.path())
+                    .expect("write");
                 s.list().expect("list")
             })
             .await
@@ -764,10 +974,13 @@ mod tests {
         let debris = |c: &CheckpointRef| {
             // What a crash mid-write leaves: private files, no manifest.
             let key = s.dir(c).join("db").join("MANIFEST-9");
-            s.runtime.block_on(s.store.put(&key, b"x".to_vec().into())).expect("put");
+            s.runtime
+                .block_on(s.store.put(&key, b"x".to_vec().into()))
+                .expect("put");
         };
         let publish = |c: &CheckpointRef| {
-            s.write(&suite::manifest(c, src.path(), &[("x", b"x")]), src.path()).expect("write");
+            s.write(&suite::manifest(c, src.path(), &[("x", b"x")]), src.path())
+                .expect("write");
             s.mark_complete(c).expect("complete");
         };
         let (old, committed, newer, next) = (
@@ -779,21 +992,52 @@ mod tests {
         debris(&old);
         debris(&newer);
         publish(&committed);
-        let listed: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
-        assert_eq!(listed, vec![committed.clone()], "a prefix without a manifest is not a checkpoint");
-        assert!(s.mark_complete(&newer).is_err(), "only a published checkpoint can complete");
+        let listed: Vec<_> = s
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|i| i.checkpoint)
+            .collect();
+        assert_eq!(
+            listed,
+            vec![committed.clone()],
+            "a prefix without a manifest is not a checkpoint"
+        );
+        assert!(
+            s.mark_complete(&newer).is_err(),
+            "only a published checkpoint can complete"
+        );
         // Recovery leaves debris alone: it may be a paused zombie's upload.
-        assert_eq!(s.discard_uncommitted(Some(&committed)).expect("discard"), vec![]);
-        assert!(!keys_under(&s, &s.dir(&old)).is_empty() && !keys_under(&s, &s.dir(&newer)).is_empty());
+        assert_eq!(
+            s.discard_uncommitted(Some(&committed)).expect("discard"),
+            vec![]
+        );
+        assert!(
+            !keys_under(&s, &s.dir(&old)).is_empty() && !keys_under(&s, &s.dir(&newer)).is_empty()
+        );
         // Prune removes debris older than the committed checkpoint, not newer: that may
         // be a write in progress.
         s.prune(1, &committed).expect("prune");
-        assert!(keys_under(&s, &s.dir(&old)).is_empty(), "older debris must be pruned");
-        assert!(!keys_under(&s, &s.dir(&newer)).is_empty(), "newer debris may be a write in progress");
+        assert!(
+            keys_under(&s, &s.dir(&old)).is_empty(),
+            "older debris must be pruned"
+        );
+        assert!(
+            !keys_under(&s, &s.dir(&newer)).is_empty(),
+            "newer debris may be a write in progress"
+        );
         publish(&next);
         s.prune(1, &next).expect("prune");
-        assert!(keys_under(&s, &s.dir(&newer)).is_empty(), "debris older than the committed one must go");
-        let listed: Vec<_> = s.list().expect("list").into_iter().map(|i| i.checkpoint).collect();
+        assert!(
+            keys_under(&s, &s.dir(&newer)).is_empty(),
+            "debris older than the committed one must go"
+        );
+        let listed: Vec<_> = s
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|i| i.checkpoint)
+            .collect();
         assert_eq!(listed, vec![next]);
     }
 
@@ -802,28 +1046,53 @@ mod tests {
         let mut s = storage();
         s.part_size = 5 * 1024 * 1024; // S3's minimum part size: 3 parts for 12 MiB
         let src = tempfile::tempdir().expect("dir");
-        let big: Vec<u8> =
-            (0..12 * 1024 * 1024 + 17).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let big: Vec<u8> = (0..12 * 1024 * 1024 + 17)
+            .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         let c = CheckpointRef::new(1, "0000000c");
-        let m = suite::manifest(&c, src.path(), &[("db/000042.sst", &big), ("db/OPTIONS-7", &big[..1000])]);
+        let m = suite::manifest(
+            &c,
+            src.path(),
+            &[("db/000042.sst", &big), ("db/OPTIONS-7", &big[..1000])],
+        );
         let stats = s.write(&m, src.path()).expect("write");
         assert!(stats.bytes_written > big.len() as u64, "{stats:?}");
-        let meta = s.runtime.block_on(s.store.head(&s.shared_key(&m.state.files[0].sha256))).expect("head");
+        let meta = s
+            .runtime
+            .block_on(s.store.head(&s.shared_key(&m.state.files[0].sha256)))
+            .expect("head");
         assert_eq!(meta.size, big.len() as u64);
         let etag = meta.e_tag.unwrap_or_default();
-        assert!(etag.trim_matches('"').ends_with("-3"), "a 12 MiB file must be a 3-part upload, ETag {etag}");
+        assert!(
+            etag.trim_matches('"').ends_with("-3"),
+            "a 12 MiB file must be a 3-part upload, ETag {etag}"
+        );
         let out = tempfile::tempdir().expect("dir");
         s.fetch(&m, &out.path().join("r")).expect("fetch");
-        assert!(fs::read(out.path().join("r/db/000042.sst")).expect("sst") == big, "downloaded bytes differ");
+        assert!(
+            fs::read(out.path().join("r/db/000042.sst")).expect("sst") == big,
+            "downloaded bytes differ"
+        );
     }
 
     #[test]
     fn prune_deletes_shared_files_no_checkpoint_references() {
         let s = storage();
         let src = tempfile::tempdir().expect("dir");
-        let (c1, c2) = (CheckpointRef::new(1, "00000010"), CheckpointRef::new(2, "00000010"));
-        let m1 = suite::manifest(&c1, src.path(), &[("db/000001.sst", b"a"), ("db/000002.sst", b"b")]);
-        let m2 = suite::manifest(&c2, src.path(), &[("db/000002.sst", b"b"), ("db/000003.sst", b"c")]);
+        let (c1, c2) = (
+            CheckpointRef::new(1, "00000010"),
+            CheckpointRef::new(2, "00000010"),
+        );
+        let m1 = suite::manifest(
+            &c1,
+            src.path(),
+            &[("db/000001.sst", b"a"), ("db/000002.sst", b"b")],
+        );
+        let m2 = suite::manifest(
+            &c2,
+            src.path(),
+            &[("db/000002.sst", b"b"), ("db/000003.sst", b"c")],
+        );
         for (c, m) in [(&c1, &m1), (&c2, &m2)] {
             s.write(m, src.path()).expect("write");
             s.mark_complete(c).expect("complete");
@@ -831,12 +1100,22 @@ mod tests {
         let shared = s.root.clone().join(SHARED);
         assert_eq!(keys_under(&s, &shared).len(), 3);
         s.prune(1, &c2).expect("prune");
-        let mut expected: Vec<String> = m2.state.files.iter().map(|f| s.shared_key(&f.sha256).to_string()).collect();
+        let mut expected: Vec<String> = m2
+            .state
+            .files
+            .iter()
+            .map(|f| s.shared_key(&f.sha256).to_string())
+            .collect();
         expected.sort();
-        assert_eq!(keys_under(&s, &shared), expected, "only the pruned checkpoint's own SST may go");
+        assert_eq!(
+            keys_under(&s, &shared),
+            expected,
+            "only the pruned checkpoint's own SST may go"
+        );
         assert!(keys_under(&s, &s.dir(&c1)).is_empty());
         // A fresh process (no cached manifests) agrees.
-        let again = S3Storage::with_builder(builder(), &s.bucket, "ckpt/tests", "app", 0).expect("open");
+        let again =
+            S3Storage::with_builder(builder(), &s.bucket, "ckpt/tests", "app", 0).expect("open");
         again.prune(1, &c2).expect("prune again");
         assert_eq!(keys_under(&s, &shared), expected);
     }
@@ -846,7 +1125,11 @@ mod tests {
         let s = storage();
         let src = tempfile::tempdir().expect("dir");
         let c = CheckpointRef::new(4, "0000000d");
-        let m = suite::manifest(&c, src.path(), &[("db/000007.sst", b"s"), ("db/CURRENT", b"c")]);
+        let m = suite::manifest(
+            &c,
+            src.path(),
+            &[("db/000007.sst", b"s"), ("db/CURRENT", b"c")],
+        );
         s.write(&m, src.path()).expect("write");
         s.mark_complete(&c).expect("complete");
         let root = "ckpt/tests/app/instance-0";
@@ -858,6 +1141,11 @@ mod tests {
             format!("{root}/shared/{sha}"),
         ];
         assert_eq!(keys_under(&s, &s.root), expected);
-        assert!(s.describe().starts_with(&format!("s3://{}/{root}", s.bucket)), "{}", s.describe());
+        assert!(
+            s.describe()
+                .starts_with(&format!("s3://{}/{root}", s.bucket)),
+            "{}",
+            s.describe()
+        );
     }
 }

@@ -25,11 +25,19 @@ impl ProcessFunction for Count {
         Ok(())
     }
 
-    fn process_element(&mut self, event: &Event<'_>, _: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+    fn process_element(
+        &mut self,
+        event: &Event<'_>,
+        _: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
         let count = self.count.as_ref().ok_or(FunctionError::NotOpen)?;
         let n = count.value()?.unwrap_or(0) + 1;
         count.update(&n)?;
-        out.emit(event.key, &json!({"key": event.key, "count": n, "source": event.source}))
+        out.emit(
+            event.key,
+            &json!({"key": event.key, "count": n, "source": event.source}),
+        )
     }
 }
 

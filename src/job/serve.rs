@@ -12,7 +12,6 @@ use streamstate_state::{KeyGroupRange, key_group_for};
 use tracing::{info, warn};
 
 use super::{Job, JobError, manifest_offsets, remove_dir, restore_into, unix_ms};
-use streamstate_state::StateStore;
 use crate::checkpoint::Manifest;
 use crate::config::{Config, parse_storage_url};
 use crate::history::{SavepointRecord, Trigger};
@@ -20,12 +19,15 @@ use crate::requests::{Request, StateAnswer};
 use crate::savepoint::{self, SavepointTarget};
 use crate::sink::SinkError;
 use crate::source::Committed;
+use streamstate_state::StateStore;
 
 impl Job {
     /// Serves every request waiting in the channel (a handful at most: it is bounded).
     pub(super) fn serve_requests(&mut self) -> Result<(), JobError> {
         loop {
-            let Some(rx) = &self.requests else { return Ok(()) };
+            let Some(rx) = &self.requests else {
+                return Ok(());
+            };
             let request = match rx.try_recv() {
                 Ok(r) => r,
                 Err(TryRecvError::Empty) => return Ok(()),
@@ -42,7 +44,11 @@ impl Job {
                     fail::fail_point!("admin-checkpoint");
                     let result = self.checkpoint(Trigger::Manual);
                     let answer = match &result {
-                        Ok(m) => self.control.history.checkpoint(m.checkpoint.id).ok_or_else(|| "not recorded".to_string()),
+                        Ok(m) => self
+                            .control
+                            .history
+                            .checkpoint(m.checkpoint.id)
+                            .ok_or_else(|| "not recorded".to_string()),
                         Err(e) => Err(e.to_string()),
                     };
                     let _ = reply.send(answer);
@@ -51,14 +57,25 @@ impl Job {
                 Request::Savepoint { target, reply } => {
                     fail::fail_point!("admin-checkpoint");
                     let result = self.savepoint(target);
-                    let _ = reply.send(result.as_ref().map(Clone::clone).map_err(ToString::to_string));
+                    let _ = reply.send(
+                        result
+                            .as_ref()
+                            .map(Clone::clone)
+                            .map_err(ToString::to_string),
+                    );
                     self.after_checkpoint(result.map(drop))?;
                 }
-                Request::Stop { savepoint: false, reply } => {
+                Request::Stop {
+                    savepoint: false,
+                    reply,
+                } => {
                     self.stopping = Some((None, reply));
                     self.control.shutdown.store(true, Ordering::SeqCst);
                 }
-                Request::Stop { savepoint: true, reply } => {
+                Request::Stop {
+                    savepoint: true,
+                    reply,
+                } => {
                     let result = self.savepoint(None);
                     match &result {
                         Ok(record) => {
@@ -92,7 +109,9 @@ impl Job {
         if !store.key_group_range().contains(key_group) {
             let (_, instances) = store.instance();
             let owner = (0..instances)
-                .find(|i| KeyGroupRange::for_instance(max_parallelism, instances, *i).contains(key_group))
+                .find(|i| {
+                    KeyGroupRange::for_instance(max_parallelism, instances, *i).contains(key_group)
+                })
                 .unwrap_or(0);
             return Ok(StateAnswer::NotOwned { key_group, owner });
         }
@@ -112,10 +131,21 @@ impl Job {
             None => savepoint::default_location(config)?,
         };
         let storage = savepoint::open(config, &location)?;
-        let staging = config.state.dir.join(format!("savepoint-{}", config.job.instance));
+        let staging = config
+            .state
+            .dir
+            .join(format!("savepoint-{}", config.job.instance));
         remove_dir(&staging)?;
-        let state = self.pipeline.state.store().write_savepoint(checkpoint.checkpoint.id, &staging)?;
-        let manifest = Manifest { created_at_ms: unix_ms(), state, ..checkpoint };
+        let state = self
+            .pipeline
+            .state
+            .store()
+            .write_savepoint(checkpoint.checkpoint.id, &staging)?;
+        let manifest = Manifest {
+            created_at_ms: unix_ms(),
+            state,
+            ..checkpoint
+        };
         storage.write(&manifest, &staging)?;
         remove_dir(&staging)?;
         storage.mark_complete(&manifest.checkpoint)?;
@@ -145,8 +175,7 @@ impl Job {
             }
             Err(JobError::Sink(SinkError::Abortable(e))) => {
                 warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
-                self.pipeline.sink.abort()
-                    .map_err(JobError::from)
+                self.pipeline.sink.abort().map_err(JobError::from)
             }
             Err(e) => Err(e),
         };
@@ -166,7 +195,10 @@ impl Job {
         for ((topic, partition), next) in &p.offsets {
             // librdkafka's cached high watermark (updated by fetches): no broker call.
             if let Some(high) = cached_high_watermark(consumer, topic, *partition) {
-                p.metrics.consumer_lag.with_label_values(&[topic, &partition.to_string()]).set((high - next).max(0));
+                p.metrics
+                    .consumer_lag
+                    .with_label_values(&[topic, &partition.to_string()])
+                    .set((high - next).max(0));
             }
         }
         let store = p.state.store();
@@ -205,7 +237,8 @@ fn cached_high_watermark<C: rdkafka::consumer::ConsumerContext>(
             &mut high,
         )
     };
-    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
 }
 
 /// `run --from-savepoint`: reads the savepoint, checks it against the group's committed
@@ -216,10 +249,16 @@ pub(super) fn restore_savepoint(
     id: &str,
     committed: Option<&Committed>,
 ) -> Result<(StateStore, Manifest), JobError> {
-    let fail = |reason: String| JobError::Savepoint { id: id.to_string(), reason };
-    let name = savepoint::parse_savepoint_id(id).ok_or_else(|| fail("not a savepoint id (sp-<n>-<run>)".into()))?;
+    let fail = |reason: String| JobError::Savepoint {
+        id: id.to_string(),
+        reason,
+    };
+    let name = savepoint::parse_savepoint_id(id)
+        .ok_or_else(|| fail("not a savepoint id (sp-<n>-<run>)".into()))?;
     let location = match &options.savepoint_location {
-        Some(url) => parse_storage_url("--savepoint-location", url).map_err(|e| fail(e.to_string()))?,
+        Some(url) => {
+            parse_storage_url("--savepoint-location", url).map_err(|e| fail(e.to_string()))?
+        }
         None => savepoint::default_location(config)?,
     };
     let storage = savepoint::open(config, &location)?;
@@ -227,7 +266,10 @@ pub(super) fn restore_savepoint(
     let same_offsets = committed.is_some_and(|c| c.offsets == manifest_offsets(&manifest.offsets));
     if !same_offsets {
         let detail = match committed {
-            Some(c) => format!("the group's committed offsets (checkpoint {}) differ from the savepoint's", c.checkpoint),
+            Some(c) => format!(
+                "the group's committed offsets (checkpoint {}) differ from the savepoint's",
+                c.checkpoint
+            ),
             None => "the group has no committed offsets".to_string(),
         };
         if !options.ignore_committed_offsets {
@@ -239,7 +281,9 @@ pub(super) fn restore_savepoint(
         warn!(savepoint = %id, "{detail}; restoring anyway (--ignore-committed-offsets): NOT exactly-once across this restart");
     }
     let store = super::fresh_store(config, manifest.state.max_parallelism)?;
-    restore_into(config, storage.as_ref(), &manifest, |from| Ok(store.restore(&[from])?))?;
+    restore_into(config, storage.as_ref(), &manifest, |from| {
+        Ok(store.restore(&[from])?)
+    })?;
     info!(savepoint = %id, location = %savepoint::location_url(&location), "restored state from savepoint");
     Ok((store, manifest))
 }

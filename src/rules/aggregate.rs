@@ -86,11 +86,14 @@ pub fn input(f: AggFn, field: Option<&Value>) -> Result<Input, &'static str> {
         },
         _ => match field {
             None => Err("field_missing"),
-            Some(v) => v.as_f64().filter(|x| x.is_finite()).map(Input::Number).ok_or("not_a_number"),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Input::Number)
+                .ok_or("not_a_number"),
         },
     }
 }
-
 
 impl Input {
     fn number(&self) -> Option<f64> {
@@ -103,7 +106,9 @@ impl Input {
 
 /// Adds a distinct_count value to `map` (current namespace); true when it is new.
 fn add_distinct(map: &MapState<String, bool>, input: &Input) -> Result<bool, FunctionError> {
-    let Input::Distinct(k) = input else { return Ok(false) };
+    let Input::Distinct(k) = input else {
+        return Ok(false);
+    };
     if map.contains(k)? {
         return Ok(false);
     }
@@ -133,7 +138,11 @@ fn per_event(a: &AggregateSpec, acc: &mut Acc, value: &Value, windowed: bool) ->
 }
 
 fn extra(a: &AggregateSpec, acc: &Acc, trigger: &'static str) -> Vec<(&'static str, Value)> {
-    vec![("fn", Value::from(a.func.name())), ("count", Value::from(acc.count)), ("trigger", Value::from(trigger))]
+    vec![
+        ("fn", Value::from(a.func.name())),
+        ("count", Value::from(acc.count)),
+        ("trigger", Value::from(trigger)),
+    ]
 }
 
 pub(crate) fn on_event(
@@ -163,12 +172,30 @@ pub(crate) fn on_event(
             let fire = per_event(a, &mut acc, &value, false);
             st.run_acc.update(&acc)?;
             if fire {
-                let r = record(rule, ev.key, value, None, Some(ev.source), ev.timestamp_ms, extra(a, &acc, "event"));
+                let r = record(
+                    rule,
+                    ev.key,
+                    value,
+                    None,
+                    Some(ev.source),
+                    ev.timestamp_ms,
+                    extra(a, &acc, "event"),
+                );
                 env.emit(out, rule, ev.key, &r)?;
             }
             Ok(())
         }
-        WindowSpec::Tumbling { size } => add_to_window(env, st, rule, a, ev, &input, window::tumbling_start(ts, size), size, out),
+        WindowSpec::Tumbling { size } => add_to_window(
+            env,
+            st,
+            rule,
+            a,
+            ev,
+            &input,
+            window::tumbling_start(ts, size),
+            size,
+            out,
+        ),
         WindowSpec::Sliding { size, slide } => {
             for start in window::sliding_starts(ts, size, slide) {
                 add_to_window(env, st, rule, a, ev, &input, start, size, out)?;
@@ -199,7 +226,12 @@ fn add_to_window(
         env.metrics.late_windows.inc();
         return Ok(());
     }
-    env.set_namespace(&namespace(&rule.id, rule.version, window::WINDOW, Some(start)));
+    env.set_namespace(&namespace(
+        &rule.id,
+        rule.version,
+        window::WINDOW,
+        Some(start),
+    ));
     let mut acc = st.win_acc.value()?.unwrap_or_default();
     if acc.count == 0 {
         env.register_timer(fires_at)?;
@@ -211,7 +243,15 @@ fn add_to_window(
     st.win_acc.update(&acc)?;
     if fire {
         let w = Some(WindowRef { start, end });
-        let r = record(rule, ev.key, value, w, Some(ev.source), ev.timestamp_ms, extra(a, &acc, "event"));
+        let r = record(
+            rule,
+            ev.key,
+            value,
+            w,
+            Some(ev.source),
+            ev.timestamp_ms,
+            extra(a, &acc, "event"),
+        );
         env.emit(out, rule, ev.key, &r)?;
     }
     Ok(())
@@ -266,7 +306,10 @@ pub(crate) fn on_window_timer(
         ));
     }
     if fire {
-        let w = Some(WindowRef { start, end: start + size as i64 });
+        let w = Some(WindowRef {
+            start,
+            end: start + size as i64,
+        });
         let r = record(rule, key, value, w, None, timer_ms, more);
         env.emit(out, rule, key, &r)?;
     }
@@ -303,14 +346,17 @@ fn add_to_session(
     let ts = ev.timestamp_ms as i64;
     let (lo, hi) = (ts, ts + gap as i64);
     let sessions_ns = namespace(&rule.id, rule.version, window::SESSIONS, None);
-    let distinct_ns = |id: i64| namespace(&rule.id, rule.version, window::SESSION_DISTINCT, Some(id));
+    let distinct_ns =
+        |id: i64| namespace(&rule.id, rule.version, window::SESSION_DISTINCT, Some(id));
     env.set_namespace(&sessions_ns);
     let mut all = st.sessions.value()?.unwrap_or_default();
     let wm = env.watermark();
     // Sessions the watermark has closed wait for their timer; an event never joins them.
     let closed = |s: &Session| wm.is_some_and(|w| ((s.end - 1) as u64) <= w);
-    let (mut merging, mut keep): (Vec<Session>, Vec<Session>) =
-        all.open.drain(..).partition(|s| !closed(s) && s.start < hi && lo < s.end);
+    let (mut merging, mut keep): (Vec<Session>, Vec<Session>) = all
+        .open
+        .drain(..)
+        .partition(|s| !closed(s) && s.start < hi && lo < s.end);
     for s in &merging {
         env.delete_timer((s.end - 1) as u64)?;
     }
@@ -319,7 +365,12 @@ fn add_to_session(
     let mut target = if merging.is_empty() {
         let id = all.next_id;
         all.next_id += 1;
-        Session { id, start: lo, end: hi, acc: Acc::default() }
+        Session {
+            id,
+            start: lo,
+            end: hi,
+            acc: Acc::default(),
+        }
     } else {
         let mut t = merging.remove(0);
         for other in merging {
@@ -348,7 +399,10 @@ fn add_to_session(
     target.acc.add(input.number(), new);
     let value = target.acc.value(a.func);
     let fire = per_event(a, &mut target.acc, &value, true);
-    let w = Some(WindowRef { start: target.start, end: target.end });
+    let w = Some(WindowRef {
+        start: target.start,
+        end: target.end,
+    });
     let more = extra(a, &target.acc, "event");
     env.set_namespace(&sessions_ns);
     env.register_timer((target.end - 1) as u64)?;
@@ -356,7 +410,15 @@ fn add_to_session(
     all.open = keep;
     st.sessions.update(&all)?;
     if fire {
-        let r = record(rule, ev.key, value, w, Some(ev.source), ev.timestamp_ms, more);
+        let r = record(
+            rule,
+            ev.key,
+            value,
+            w,
+            Some(ev.source),
+            ev.timestamp_ms,
+            more,
+        );
         env.emit(out, rule, ev.key, &r)?;
     }
     Ok(())
@@ -373,8 +435,13 @@ pub(crate) fn on_session_timer(
     out: &mut Output,
 ) -> Result<(), FunctionError> {
     let sessions_ns = namespace(&rule.id, rule.version, window::SESSIONS, None);
-    let Some(mut all) = st.sessions.value()? else { return Ok(()) };
-    let (due, keep): (Vec<Session>, Vec<Session>) = all.open.drain(..).partition(|s| ((s.end - 1) as u64) <= timer_ms);
+    let Some(mut all) = st.sessions.value()? else {
+        return Ok(());
+    };
+    let (due, keep): (Vec<Session>, Vec<Session>) = all
+        .open
+        .drain(..)
+        .partition(|s| ((s.end - 1) as u64) <= timer_ms);
     all.open = keep;
     if all.open.is_empty() {
         st.sessions.clear()?;
@@ -382,11 +449,27 @@ pub(crate) fn on_session_timer(
         st.sessions.update(&all)?;
     }
     for s in due {
-        env.set_namespace(&namespace(&rule.id, rule.version, window::SESSION_DISTINCT, Some(s.id)));
+        env.set_namespace(&namespace(
+            &rule.id,
+            rule.version,
+            window::SESSION_DISTINCT,
+            Some(s.id),
+        ));
         st.win_distinct.clear()?;
         let value = s.acc.value(a.func);
         if a.emit == Emit::OnWindowClose && a.having.as_ref().is_none_or(|h| h.eval(&value)) {
-            let r = record(rule, key, value, Some(WindowRef { start: s.start, end: s.end }), None, timer_ms, extra(a, &s.acc, "window_close"));
+            let r = record(
+                rule,
+                key,
+                value,
+                Some(WindowRef {
+                    start: s.start,
+                    end: s.end,
+                }),
+                None,
+                timer_ms,
+                extra(a, &s.acc, "window_close"),
+            );
             env.emit(out, rule, key, &r)?;
         }
     }
@@ -395,13 +478,26 @@ pub(crate) fn on_session_timer(
 }
 
 /// The rule behind a session timer is gone: drop the key's sessions of that version.
-pub(crate) fn drop_sessions(env: &Env<'_, '_>, st: &States, sessions_ns: &[u8]) -> Result<(), FunctionError> {
-    let Some(p) = window::parse(sessions_ns) else { return Ok(()) };
+pub(crate) fn drop_sessions(
+    env: &Env<'_, '_>,
+    st: &States,
+    sessions_ns: &[u8],
+) -> Result<(), FunctionError> {
+    let Some(p) = window::parse(sessions_ns) else {
+        return Ok(());
+    };
     let (id, version) = (p.id.to_string(), p.version);
-    let Some(all) = st.sessions.value()? else { return Ok(()) };
+    let Some(all) = st.sessions.value()? else {
+        return Ok(());
+    };
     st.sessions.clear()?;
     for s in all.open {
-        env.set_namespace(&namespace(&id, version, window::SESSION_DISTINCT, Some(s.id)));
+        env.set_namespace(&namespace(
+            &id,
+            version,
+            window::SESSION_DISTINCT,
+            Some(s.id),
+        ));
         st.win_distinct.clear()?;
     }
     env.set_namespace(sessions_ns);
@@ -431,7 +527,10 @@ mod tests {
         assert_eq!(a.value(AggFn::Max), json!(10.0));
         assert_eq!(a.value(AggFn::Count), json!(4));
         assert_eq!(Acc::default().value(AggFn::Avg), Value::Null);
-        assert!(matches!(input(AggFn::Sum, Some(&json!("x"))), Err("not_a_number")));
+        assert!(matches!(
+            input(AggFn::Sum, Some(&json!("x"))),
+            Err("not_a_number")
+        ));
         assert!(matches!(input(AggFn::Sum, None), Err("field_missing")));
     }
 }

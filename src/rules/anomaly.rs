@@ -38,7 +38,11 @@ impl ModelState {
 
     pub fn update(&mut self, model: Model, alpha: f64, x: f64) {
         if self.n == 0 {
-            *self = Self { n: 1, mean: x, spread: 0.0 };
+            *self = Self {
+                n: 1,
+                mean: x,
+                spread: 0.0,
+            };
             return;
         }
         self.n += 1;
@@ -88,7 +92,9 @@ pub(crate) fn on_event(
         return Ok(());
     }
     let model = match a.model {
-        Model::Ewma => json!({"model": "ewma", "alpha": a.alpha, "z_gt": a.z_gt, "min_samples": a.min_samples}),
+        Model::Ewma => {
+            json!({"model": "ewma", "alpha": a.alpha, "z_gt": a.z_gt, "min_samples": a.min_samples})
+        }
         Model::Welford => json!({"model": "welford", "z_gt": a.z_gt, "min_samples": a.min_samples}),
     };
     let mut info = model;
@@ -96,7 +102,19 @@ pub(crate) fn on_event(
     info["mean"] = json!(before.mean);
     info["stddev"] = json!(sd);
     info["samples"] = json!(before.n);
-    let value = ev.value.pointer(a.field.as_str()).cloned().unwrap_or(Value::Null);
-    let r = record(rule, ev.key, value, None, Some(ev.source), ev.timestamp_ms, vec![("anomaly", info)]);
+    let value = ev
+        .value
+        .pointer(a.field.as_str())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let r = record(
+        rule,
+        ev.key,
+        value,
+        None,
+        Some(ev.source),
+        ev.timestamp_ms,
+        vec![("anomaly", info)],
+    );
     env.emit(out, rule, ev.key, &r)
 }

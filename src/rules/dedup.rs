@@ -37,8 +37,19 @@ pub(crate) fn on_event(
         }
         _ => {
             seen.put(&k, &ts)?;
-            let extra = vec![("dedup", json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms}))];
-            let r = record(rule, ev.key, ev.value.clone(), None, Some(ev.source), ts, extra);
+            let extra = vec![(
+                "dedup",
+                json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms}),
+            )];
+            let r = record(
+                rule,
+                ev.key,
+                ev.value.clone(),
+                None,
+                Some(ev.source),
+                ts,
+                extra,
+            );
             env.emit(out, rule, ev.key, &r)
         }
     }

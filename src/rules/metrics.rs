@@ -20,13 +20,28 @@ impl RuleMetrics {
     fn build() -> Result<Self, prometheus::Error> {
         Ok(Self {
             matches: IntCounterVec::new(
-                Opts::new("streamstate_rule_matches_total", "Events that passed a rule's filter, by rule kind."),
+                Opts::new(
+                    "streamstate_rule_matches_total",
+                    "Events that passed a rule's filter, by rule kind.",
+                ),
                 &["kind"],
             )?,
-            outputs: IntCounterVec::new(Opts::new("streamstate_rule_outputs_total", "Rule output records, by rule kind."), &["kind"])?,
-            dedup_dropped: IntCounter::new("streamstate_rule_dedup_dropped_total", "Duplicate events dropped by dedup rules.")?,
+            outputs: IntCounterVec::new(
+                Opts::new(
+                    "streamstate_rule_outputs_total",
+                    "Rule output records, by rule kind.",
+                ),
+                &["kind"],
+            )?,
+            dedup_dropped: IntCounter::new(
+                "streamstate_rule_dedup_dropped_total",
+                "Duplicate events dropped by dedup rules.",
+            )?,
             evaluation_errors: IntCounterVec::new(
-                Opts::new("streamstate_rule_evaluation_errors_total", "Events a rule could not evaluate, by reason."),
+                Opts::new(
+                    "streamstate_rule_evaluation_errors_total",
+                    "Events a rule could not evaluate, by reason.",
+                ),
                 &["reason"],
             )?,
             late_windows: IntCounter::new(

@@ -32,13 +32,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 use streamstate_state::{
-    MapState, MapStateDescriptor, StateStore, TimeDomain, TtlConfig, ValueState, ValueStateDescriptor,
+    MapState, MapStateDescriptor, StateStore, TimeDomain, TtlConfig, ValueState,
+    ValueStateDescriptor,
 };
 
 use crate::config::Config;
 use crate::control::StoredRule;
 use crate::function::{
-    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext, Output, ProcessFunction,
+    BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext,
+    Output, ProcessFunction,
 };
 use crate::metrics::Metrics;
 
@@ -97,10 +99,16 @@ impl Descriptors {
         // A state's TTL cannot be switched on or off once it holds data, so the name says
         // whether it has one: changing `state_ttl` on/off starts these states afresh.
         fn ttl_name(n: &str, ttl: Option<Duration>) -> String {
-            if ttl.is_some() { format!("{n}.ttl") } else { n.to_string() }
+            if ttl.is_some() {
+                format!("{n}.ttl")
+            } else {
+                n.to_string()
+            }
         }
         fn ttl_config(t: Duration) -> TtlConfig {
-            TtlConfig::new(t).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter()
+            TtlConfig::new(t)
+                .cleanup_full_snapshot()
+                .cleanup_in_rocksdb_compaction_filter()
         }
         fn value<T: Clone>(n: &str, ttl: Option<Duration>) -> ValueStateDescriptor<T> {
             let d = ValueStateDescriptor::new(ttl_name(n, ttl));
@@ -109,7 +117,8 @@ impl Descriptors {
                 None => d,
             }
         }
-        let mut run_distinct = MapStateDescriptor::new(ttl_name("rules.running.distinct", state_ttl));
+        let mut run_distinct =
+            MapStateDescriptor::new(ttl_name("rules.running.distinct", state_ttl));
         if let Some(t) = state_ttl {
             run_distinct = run_distinct.with_ttl(ttl_config(t));
         }
@@ -162,8 +171,12 @@ impl States {
         if let Some(m) = self.dedup.get(&ttl_ms) {
             return Ok(m.clone());
         }
-        let ttl = TtlConfig::new(Duration::from_millis(ttl_ms)).cleanup_full_snapshot().cleanup_in_rocksdb_compaction_filter();
-        let m = self.store.map_state(&MapStateDescriptor::new(format!("{DEDUP_STATE_PREFIX}{ttl_ms}ms")).with_ttl(ttl))?;
+        let ttl = TtlConfig::new(Duration::from_millis(ttl_ms))
+            .cleanup_full_snapshot()
+            .cleanup_in_rocksdb_compaction_filter();
+        let m = self.store.map_state(
+            &MapStateDescriptor::new(format!("{DEDUP_STATE_PREFIX}{ttl_ms}ms")).with_ttl(ttl),
+        )?;
         self.dedup.insert(ttl_ms, m.clone());
         Ok(m)
     }
@@ -178,23 +191,47 @@ pub(crate) struct Env<'a, 'c> {
 
 impl Env<'_, '_> {
     pub fn register_timer(&self, ts: u64) -> Result<(), FunctionError> {
-        if self.event_time { self.ctx.register_event_time_timer(ts) } else { self.ctx.register_processing_time_timer(ts) }
+        if self.event_time {
+            self.ctx.register_event_time_timer(ts)
+        } else {
+            self.ctx.register_processing_time_timer(ts)
+        }
     }
     pub fn delete_timer(&self, ts: u64) -> Result<(), FunctionError> {
-        if self.event_time { self.ctx.delete_event_time_timer(ts) } else { self.ctx.delete_processing_time_timer(ts) }
+        if self.event_time {
+            self.ctx.delete_event_time_timer(ts)
+        } else {
+            self.ctx.delete_processing_time_timer(ts)
+        }
     }
     /// Watermark in event-time mode; `None` in processing time.
     pub fn watermark(&self) -> Option<u64> {
-        if self.event_time { self.ctx.current_watermark_ms() } else { None }
+        if self.event_time {
+            self.ctx.current_watermark_ms()
+        } else {
+            None
+        }
     }
     pub fn set_namespace(&self, ns: &[u8]) {
         self.ctx.set_namespace(ns);
     }
     pub fn eval_error(&self, reason: &'static str) {
-        self.metrics.evaluation_errors.with_label_values(&[reason]).inc();
+        self.metrics
+            .evaluation_errors
+            .with_label_values(&[reason])
+            .inc();
     }
-    pub fn emit(&self, out: &mut Output, rule: &Rule, key: &str, record: &Value) -> Result<(), FunctionError> {
-        self.metrics.outputs.with_label_values(&[rule.kind.name()]).inc();
+    pub fn emit(
+        &self,
+        out: &mut Output,
+        rule: &Rule,
+        key: &str,
+        record: &Value,
+    ) -> Result<(), FunctionError> {
+        self.metrics
+            .outputs
+            .with_label_values(&[rule.kind.name()])
+            .inc();
         out.emit_to(rule.output_topic.as_deref(), key, record)
     }
 }
@@ -210,7 +247,9 @@ pub struct RuleEngine {
 impl RuleEngine {
     /// The fixed keyed states `open` registers with this `[job] state_ttl` (dedup states,
     /// one per TTL, are named [`DEDUP_STATE_PREFIX`]`<ttl>ms` and created on demand).
-    pub fn declared_states(state_ttl: Option<Duration>) -> Vec<streamstate_state::StateDeclaration> {
+    pub fn declared_states(
+        state_ttl: Option<Duration>,
+    ) -> Vec<streamstate_state::StateDeclaration> {
         Descriptors::new(state_ttl).declarations()
     }
 }
@@ -222,12 +261,20 @@ fn rules_descriptor() -> MapStateDescriptor<String, StoredRule> {
 
 impl RuleEngine {
     pub fn new(config: &Config, metrics: Metrics) -> Self {
-        let options = EngineOptions { event_time: config.job.timestamp.is_some(), state_ttl: config.job.state_ttl };
+        let options = EngineOptions {
+            event_time: config.job.timestamp.is_some(),
+            state_ttl: config.job.state_ttl,
+        };
         Self::with_options(options, metrics.registry())
     }
 
     pub fn with_options(options: EngineOptions, registry: &prometheus::Registry) -> Self {
-        Self { options, metrics: RuleMetrics::new(registry), rules: BTreeMap::new(), states: None }
+        Self {
+            options,
+            metrics: RuleMetrics::new(registry),
+            rules: BTreeMap::new(),
+            states: None,
+        }
     }
 
     /// Ids and versions of the rules in force.
@@ -255,20 +302,34 @@ impl ProcessFunction for RuleEngine {
                 }
                 // Accepted once, so only a language change can refuse it now: keep running
                 // without it rather than stopping the job.
-                Err(e) => tracing::error!(rule = %id, version = stored.version, reason = e.reason, error = %e, "stored rule no longer compiles; not in force"),
+                Err(e) => {
+                    tracing::error!(rule = %id, version = stored.version, reason = e.reason, error = %e, "stored rule no longer compiles; not in force")
+                }
             }
         }
         Ok(())
     }
 
-    fn process_element(&mut self, event: &Event<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+    fn process_element(
+        &mut self,
+        event: &Event<'_>,
+        ctx: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
         let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
-        let env = Env { ctx, metrics: &self.metrics, event_time: self.options.event_time };
+        let env = Env {
+            ctx,
+            metrics: &self.metrics,
+            event_time: self.options.event_time,
+        };
         for rule in self.rules.values() {
             if rule.filter.as_ref().is_some_and(|f| !f.eval(event.value)) {
                 continue;
             }
-            self.metrics.matches.with_label_values(&[rule.kind.name()]).inc();
+            self.metrics
+                .matches
+                .with_label_values(&[rule.kind.name()])
+                .inc();
             match &rule.kind {
                 Kind::Aggregate(a) => aggregate::on_event(&env, states, rule, a, event, out)?,
                 Kind::Dedup(d) => dedup::on_event(&env, states, rule, d, event, out)?,
@@ -292,34 +353,67 @@ impl ProcessFunction for RuleEngine {
         match spec::compile(body) {
             Ok(rule) if rule.id != update.id || rule.version != update.version => out.reject(
                 spec::reason::INVALID,
-                format!("id/version in the body ({}, {}) differ from the record's ({}, {})", rule.id, rule.version, update.id, update.version),
+                format!(
+                    "id/version in the body ({}, {}) differ from the record's ({}, {})",
+                    rule.id, rule.version, update.id, update.version
+                ),
             ),
             Ok(rule) => {
                 self.rules.insert(rule.id.clone(), Arc::new(rule));
             }
-            Err(e) => out.reject(e.reason, format!("rule {} version {}: {}", update.id, update.version, e.message)),
+            Err(e) => out.reject(
+                e.reason,
+                format!(
+                    "rule {} version {}: {}",
+                    update.id, update.version, e.message
+                ),
+            ),
         }
         Ok(())
     }
 
-    fn on_timer(&mut self, timer: &FiredTimer<'_>, ctx: &KeyedContext<'_>, out: &mut Output) -> Result<(), FunctionError> {
+    fn on_timer(
+        &mut self,
+        timer: &FiredTimer<'_>,
+        ctx: &KeyedContext<'_>,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
         let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
-        let Some(ns) = window::parse(timer.namespace) else { return Ok(()) };
-        let expected = if self.options.event_time { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
+        let Some(ns) = window::parse(timer.namespace) else {
+            return Ok(());
+        };
+        let expected = if self.options.event_time {
+            TimeDomain::EventTime
+        } else {
+            TimeDomain::ProcessingTime
+        };
         if timer.domain != expected {
             return Ok(());
         }
-        let env = Env { ctx, metrics: &self.metrics, event_time: self.options.event_time };
+        let env = Env {
+            ctx,
+            metrics: &self.metrics,
+            event_time: self.options.event_time,
+        };
         let key = String::from_utf8_lossy(timer.key);
         let live = self.rules.get(ns.id).filter(|r| r.version == ns.version);
         match (live.map(|r| (&**r, &r.kind)), ns.tag) {
-            (Some((rule, Kind::Aggregate(a))), window::WINDOW) => {
-                aggregate::on_window_timer(&env, states, rule, a, &key, ns.arg.unwrap_or(0), timer.timestamp_ms, out)
-            }
+            (Some((rule, Kind::Aggregate(a))), window::WINDOW) => aggregate::on_window_timer(
+                &env,
+                states,
+                rule,
+                a,
+                &key,
+                ns.arg.unwrap_or(0),
+                timer.timestamp_ms,
+                out,
+            ),
             (Some((rule, Kind::Aggregate(a))), window::SESSIONS) => {
                 aggregate::on_session_timer(&env, states, rule, a, &key, timer.timestamp_ms, out)
             }
-            (Some((rule, Kind::Sequence(s))), window::SEQUENCE) => sequence::on_timer(&env, states, rule, s, timer.timestamp_ms),
+            (Some((rule, Kind::Sequence(s))), window::SEQUENCE) => {
+                sequence::on_timer(&env, states, rule, s, timer.timestamp_ms)
+            }
             // The rule was deleted or replaced: its state is never read again; drop what the
             // timer scoped, emit nothing.
             (_, window::WINDOW) => {

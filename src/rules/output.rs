@@ -31,8 +31,14 @@ pub fn record(
     m.insert("key".into(), Value::from(key));
     m.insert("kind".into(), Value::from(rule.kind.name()));
     m.insert("value".into(), value);
-    m.insert("window".into(), serde_json::to_value(window).unwrap_or(Value::Null));
-    m.insert("source".into(), serde_json::to_value(source).unwrap_or(Value::Null));
+    m.insert(
+        "window".into(),
+        serde_json::to_value(window).unwrap_or(Value::Null),
+    );
+    m.insert(
+        "source".into(),
+        serde_json::to_value(source).unwrap_or(Value::Null),
+    );
     m.insert("timestamp".into(), Value::from(timestamp_ms));
     for (k, v) in extra {
         m.insert(k.into(), v);

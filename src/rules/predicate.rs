@@ -23,11 +23,21 @@ pub struct Pointer {
 
 impl Pointer {
     pub fn parse(text: &str, field: &str) -> Result<Self, RuleError> {
-        let bad = |why: &str| RuleError::new(reason::BAD_POINTER, format!("{field}: `{text}` is not a JSON pointer ({why})"));
+        let bad = |why: &str| {
+            RuleError::new(
+                reason::BAD_POINTER,
+                format!("{field}: `{text}` is not a JSON pointer ({why})"),
+            )
+        };
         if text.is_empty() {
-            return Ok(Self { text: String::new(), tokens: Vec::new() });
+            return Ok(Self {
+                text: String::new(),
+                tokens: Vec::new(),
+            });
         }
-        let Some(rest) = text.strip_prefix('/') else { return Err(bad("must start with '/'")) };
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(bad("must start with '/'"));
+        };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
             let mut token = String::with_capacity(raw.len());
@@ -45,7 +55,10 @@ impl Pointer {
             }
             tokens.push(token);
         }
-        Ok(Self { text: text.to_string(), tokens })
+        Ok(Self {
+            text: text.to_string(),
+            tokens,
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -88,7 +101,10 @@ const OPS: [&str; 8] = ["eq", "ne", "gt", "gte", "lt", "lte", "in", "exists"];
 #[derive(Debug, Clone, PartialEq)]
 pub enum Predicate {
     /// `field: None` tests the value itself (used by `having`, on the aggregate value).
-    Leaf { field: Option<Pointer>, op: Op },
+    Leaf {
+        field: Option<Pointer>,
+        op: Op,
+    },
     And(Vec<Predicate>),
     Or(Vec<Predicate>),
     Not(Box<Predicate>),
@@ -109,45 +125,93 @@ pub enum Subject {
 
 impl Predicate {
     /// Compiles `v` found at `path` (for messages), e.g. `filter` or `sequence.steps[1]`.
-    pub fn compile(v: &Value, path: &str, subject: Subject, budget: &mut Budget) -> Result<Self, RuleError> {
+    pub fn compile(
+        v: &Value,
+        path: &str,
+        subject: Subject,
+        budget: &mut Budget,
+    ) -> Result<Self, RuleError> {
         Self::compile_at(v, path, subject, budget, 1)
     }
 
-    fn compile_at(v: &Value, path: &str, subject: Subject, budget: &mut Budget, depth: usize) -> Result<Self, RuleError> {
+    fn compile_at(
+        v: &Value,
+        path: &str,
+        subject: Subject,
+        budget: &mut Budget,
+        depth: usize,
+    ) -> Result<Self, RuleError> {
         if depth > MAX_DEPTH {
-            return Err(RuleError::new(reason::TOO_COMPLEX, format!("{path}: predicates nest deeper than {MAX_DEPTH}")));
+            return Err(RuleError::new(
+                reason::TOO_COMPLEX,
+                format!("{path}: predicates nest deeper than {MAX_DEPTH}"),
+            ));
         }
         budget.nodes += 1;
         if budget.nodes > MAX_NODES {
-            return Err(RuleError::new(reason::TOO_COMPLEX, format!("{path}: more than {MAX_NODES} predicate nodes in the rule")));
+            return Err(RuleError::new(
+                reason::TOO_COMPLEX,
+                format!("{path}: more than {MAX_NODES} predicate nodes in the rule"),
+            ));
         }
         let Value::Object(m) = v else {
-            return Err(RuleError::new(reason::INVALID, format!("{path}: a predicate is a JSON object")));
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!("{path}: a predicate is a JSON object"),
+            ));
         };
         for combinator in ["and", "or", "not"] {
             if let Some(inner) = m.get(combinator) {
                 if m.len() != 1 {
-                    let other = m.keys().find(|k| k.as_str() != combinator).map(String::as_str).unwrap_or("");
+                    let other = m
+                        .keys()
+                        .find(|k| k.as_str() != combinator)
+                        .map(String::as_str)
+                        .unwrap_or("");
                     return Err(RuleError::new(
                         reason::UNKNOWN_FIELD,
-                        format!("{path}: `{combinator}` cannot be combined with `{other}` in one object"),
+                        format!(
+                            "{path}: `{combinator}` cannot be combined with `{other}` in one object"
+                        ),
                     ));
                 }
                 let sub = format!("{path}.{combinator}");
                 if combinator == "not" {
-                    return Ok(Self::Not(Box::new(Self::compile_at(inner, &sub, subject, budget, depth + 1)?)));
+                    return Ok(Self::Not(Box::new(Self::compile_at(
+                        inner,
+                        &sub,
+                        subject,
+                        budget,
+                        depth + 1,
+                    )?)));
                 }
                 let Value::Array(items) = inner else {
-                    return Err(RuleError::new(reason::INVALID, format!("{sub}: must be an array of predicates")));
+                    return Err(RuleError::new(
+                        reason::INVALID,
+                        format!("{sub}: must be an array of predicates"),
+                    ));
                 };
                 if items.is_empty() {
-                    return Err(RuleError::new(reason::INVALID, format!("{sub}: must not be empty")));
+                    return Err(RuleError::new(
+                        reason::INVALID,
+                        format!("{sub}: must not be empty"),
+                    ));
                 }
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
-                    out.push(Self::compile_at(item, &format!("{sub}[{i}]"), subject, budget, depth + 1)?);
+                    out.push(Self::compile_at(
+                        item,
+                        &format!("{sub}[{i}]"),
+                        subject,
+                        budget,
+                        depth + 1,
+                    )?);
                 }
-                return Ok(if combinator == "and" { Self::And(out) } else { Self::Or(out) });
+                return Ok(if combinator == "and" {
+                    Self::And(out)
+                } else {
+                    Self::Or(out)
+                });
             }
         }
         Self::leaf(m, path, subject)
@@ -155,15 +219,26 @@ impl Predicate {
 
     fn leaf(m: &Map<String, Value>, path: &str, subject: Subject) -> Result<Self, RuleError> {
         let field = match (m.get("field"), subject) {
-            (Some(Value::String(p)), Subject::Field) => Some(Pointer::parse(p, &format!("{path}.field"))?),
+            (Some(Value::String(p)), Subject::Field) => {
+                Some(Pointer::parse(p, &format!("{path}.field"))?)
+            }
             (Some(_), Subject::Field) => {
-                return Err(RuleError::new(reason::INVALID, format!("{path}.field: must be a JSON pointer string")));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    format!("{path}.field: must be a JSON pointer string"),
+                ));
             }
             (None, Subject::Field) => {
-                return Err(RuleError::new(reason::INVALID, format!("{path}: a predicate needs `field` (or and/or/not)")));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    format!("{path}: a predicate needs `field` (or and/or/not)"),
+                ));
             }
             (Some(_), Subject::Value) => {
-                return Err(RuleError::new(reason::UNKNOWN_FIELD, format!("{path}.field: `having` tests the aggregate value; no field")));
+                return Err(RuleError::new(
+                    reason::UNKNOWN_FIELD,
+                    format!("{path}.field: `having` tests the aggregate value; no field"),
+                ));
             }
             (None, Subject::Value) => None,
         };
@@ -173,10 +248,16 @@ impl Predicate {
                 continue;
             }
             if !OPS.contains(&k.as_str()) {
-                return Err(RuleError::new(reason::UNKNOWN_OP, format!("{path}: unknown operator `{k}` (one of {})", OPS.join(" "))));
+                return Err(RuleError::new(
+                    reason::UNKNOWN_OP,
+                    format!("{path}: unknown operator `{k}` (one of {})", OPS.join(" ")),
+                ));
             }
             if op.is_some() {
-                return Err(RuleError::new(reason::INVALID, format!("{path}: one operator per predicate; use `and` to combine")));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    format!("{path}: one operator per predicate; use `and` to combine"),
+                ));
             }
             let at = format!("{path}.{k}");
             op = Some(match k.as_str() {
@@ -184,7 +265,10 @@ impl Predicate {
                 "ne" => Op::Ne(v.clone()),
                 "gt" | "gte" | "lt" | "lte" => {
                     if !(v.is_number() || v.is_string()) {
-                        return Err(RuleError::new(reason::INVALID, format!("{at}: compares with a number or a string")));
+                        return Err(RuleError::new(
+                            reason::INVALID,
+                            format!("{at}: compares with a number or a string"),
+                        ));
                     }
                     match k.as_str() {
                         "gt" => Op::Gt(v.clone()),
@@ -196,18 +280,34 @@ impl Predicate {
                 "in" => match v {
                     Value::Array(items) if items.len() <= MAX_IN_VALUES => Op::In(items.clone()),
                     Value::Array(_) => {
-                        return Err(RuleError::new(reason::TOO_COMPLEX, format!("{at}: more than {MAX_IN_VALUES} values")));
+                        return Err(RuleError::new(
+                            reason::TOO_COMPLEX,
+                            format!("{at}: more than {MAX_IN_VALUES} values"),
+                        ));
                     }
-                    _ => return Err(RuleError::new(reason::INVALID, format!("{at}: must be an array"))),
+                    _ => {
+                        return Err(RuleError::new(
+                            reason::INVALID,
+                            format!("{at}: must be an array"),
+                        ));
+                    }
                 },
                 _ => match v {
                     Value::Bool(b) => Op::Exists(*b),
-                    _ => return Err(RuleError::new(reason::INVALID, format!("{at}: must be true or false"))),
+                    _ => {
+                        return Err(RuleError::new(
+                            reason::INVALID,
+                            format!("{at}: must be true or false"),
+                        ));
+                    }
                 },
             });
         }
         let Some(op) = op else {
-            return Err(RuleError::new(reason::INVALID, format!("{path}: no operator (one of {})", OPS.join(" "))));
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!("{path}: no operator (one of {})", OPS.join(" ")),
+            ));
         };
         Ok(Self::Leaf { field, op })
     }
@@ -280,7 +380,9 @@ mod tests {
     }
 
     fn err(v: Value) -> &'static str {
-        Predicate::compile(&v, "filter", Subject::Field, &mut Budget::default()).expect_err("refused").reason
+        Predicate::compile(&v, "filter", Subject::Field, &mut Budget::default())
+            .expect_err("refused")
+            .reason
     }
 
     #[test]
@@ -288,9 +390,15 @@ mod tests {
         let e = json!({"type": "payment", "amount": 250, "tags": ["a"], "name": "bob", "nested": {"a/b": {"~x": 1}}});
         assert!(p(json!({"field": "/type", "eq": "payment"})).eval(&e));
         assert!(!p(json!({"field": "/type", "eq": "refund"})).eval(&e));
-        assert!(p(json!({"field": "/amount", "eq": 250.0})).eval(&e), "numbers compare by value");
+        assert!(
+            p(json!({"field": "/amount", "eq": 250.0})).eval(&e),
+            "numbers compare by value"
+        );
         assert!(p(json!({"field": "/type", "ne": "refund"})).eval(&e));
-        assert!(p(json!({"field": "/missing", "ne": "x"})).eval(&e), "ne is not(eq): true on a missing field");
+        assert!(
+            p(json!({"field": "/missing", "ne": "x"})).eval(&e),
+            "ne is not(eq): true on a missing field"
+        );
         assert!(p(json!({"field": "/amount", "gt": 249})).eval(&e));
         assert!(!p(json!({"field": "/amount", "gt": 250})).eval(&e));
         assert!(p(json!({"field": "/amount", "gte": 250})).eval(&e));
@@ -299,15 +407,27 @@ mod tests {
         assert!(!p(json!({"field": "/amount", "lt": 250})).eval(&e));
         assert!(p(json!({"field": "/amount", "lte": 250})).eval(&e));
         assert!(!p(json!({"field": "/amount", "lte": 249.99})).eval(&e));
-        assert!(p(json!({"field": "/name", "gt": "alice"})).eval(&e), "strings compare lexicographically");
-        assert!(!p(json!({"field": "/name", "gt": 3})).eval(&e), "string vs number is unordered: false");
+        assert!(
+            p(json!({"field": "/name", "gt": "alice"})).eval(&e),
+            "strings compare lexicographically"
+        );
+        assert!(
+            !p(json!({"field": "/name", "gt": 3})).eval(&e),
+            "string vs number is unordered: false"
+        );
         assert!(p(json!({"field": "/type", "in": ["refund", "payment"]})).eval(&e));
         assert!(!p(json!({"field": "/type", "in": ["refund"]})).eval(&e));
         assert!(p(json!({"field": "/tags/0", "exists": true})).eval(&e));
         assert!(!p(json!({"field": "/tags/1", "exists": true})).eval(&e));
         assert!(p(json!({"field": "/nope", "exists": false})).eval(&e));
-        assert!(!p(json!({"field": "/nope", "gt": 1})).eval(&e), "missing field: false");
-        assert!(p(json!({"field": "/nested/a~1b/~0x", "eq": 1})).eval(&e), "pointer escapes");
+        assert!(
+            !p(json!({"field": "/nope", "gt": 1})).eval(&e),
+            "missing field: false"
+        );
+        assert!(
+            p(json!({"field": "/nested/a~1b/~0x", "eq": 1})).eval(&e),
+            "pointer escapes"
+        );
     }
 
     #[test]
@@ -323,10 +443,21 @@ mod tests {
 
     #[test]
     fn having_tests_the_value_itself() {
-        let h = Predicate::compile(&json!({"gt": 1000}), "having", Subject::Value, &mut Budget::default()).expect("ok");
+        let h = Predicate::compile(
+            &json!({"gt": 1000}),
+            "having",
+            Subject::Value,
+            &mut Budget::default(),
+        )
+        .expect("ok");
         assert!(h.eval(&json!(1000.5)));
         assert!(!h.eval(&json!(1000)));
-        let e = Predicate::compile(&json!({"field": "/x", "gt": 1}), "having", Subject::Value, &mut Budget::default());
+        let e = Predicate::compile(
+            &json!({"field": "/x", "gt": 1}),
+            "having",
+            Subject::Value,
+            &mut Budget::default(),
+        );
         assert_eq!(e.expect_err("field refused").reason, reason::UNKNOWN_FIELD);
     }
 
@@ -336,18 +467,32 @@ mod tests {
         assert_eq!(err(json!({"field": "a", "eq": 1})), reason::BAD_POINTER);
         assert_eq!(err(json!({"field": "/a~2", "eq": 1})), reason::BAD_POINTER);
         assert_eq!(err(json!({"field": "/a"})), reason::INVALID);
-        assert_eq!(err(json!({"field": "/a", "eq": 1, "gt": 0})), reason::INVALID);
+        assert_eq!(
+            err(json!({"field": "/a", "eq": 1, "gt": 0})),
+            reason::INVALID
+        );
         assert_eq!(err(json!({"field": "/a", "gt": [1]})), reason::INVALID);
-        assert_eq!(err(json!({"field": "/a", "exists": "yes"})), reason::INVALID);
+        assert_eq!(
+            err(json!({"field": "/a", "exists": "yes"})),
+            reason::INVALID
+        );
         assert_eq!(err(json!({"and": []})), reason::INVALID);
-        assert_eq!(err(json!({"and": [{"field": "/a", "eq": 1}], "x": 1})), reason::UNKNOWN_FIELD);
-        assert_eq!(err(json!({"field": "/a", "in": vec![1; MAX_IN_VALUES + 1]})), reason::TOO_COMPLEX);
+        assert_eq!(
+            err(json!({"and": [{"field": "/a", "eq": 1}], "x": 1})),
+            reason::UNKNOWN_FIELD
+        );
+        assert_eq!(
+            err(json!({"field": "/a", "in": vec![1; MAX_IN_VALUES + 1]})),
+            reason::TOO_COMPLEX
+        );
         let mut deep = json!({"field": "/a", "eq": 1});
         for _ in 0..MAX_DEPTH {
             deep = json!({"not": deep});
         }
         assert_eq!(err(deep), reason::TOO_COMPLEX);
-        let wide: Vec<Value> = (0..MAX_NODES).map(|_| json!({"field": "/a", "eq": 1})).collect();
+        let wide: Vec<Value> = (0..MAX_NODES)
+            .map(|_| json!({"field": "/a", "eq": 1}))
+            .collect();
         assert_eq!(err(json!({"or": wide})), reason::TOO_COMPLEX);
     }
 }

@@ -48,7 +48,11 @@ pub(crate) fn on_event(
     env.set_namespace(&namespace(&rule.id, rule.version, window::SEQUENCE, None));
     let old: Vec<Partial> = st.sequence.value()?.unwrap_or_default();
     let text = ev.value.to_string();
-    let src = (ev.source.topic.clone(), ev.source.partition, ev.source.offset);
+    let src = (
+        ev.source.topic.clone(),
+        ev.source.partition,
+        ev.source.offset,
+    );
     let in_bound = |p: &Partial| ts >= p.start && ts - p.start <= s.within_ms;
     let mut next: Vec<Partial> = Vec::new();
     let mut done: Option<Partial> = None;
@@ -73,7 +77,12 @@ pub(crate) fn on_event(
         }
     }
     if s.steps[0].eval(ev.value) {
-        let fresh = Partial { start: ts, next: 1, events: vec![text.clone()], sources: vec![src.clone()] };
+        let fresh = Partial {
+            start: ts,
+            next: 1,
+            events: vec![text.clone()],
+            sources: vec![src.clone()],
+        };
         let new_start = !next.iter().any(|q| q.next == 1 && q.start >= ts);
         advance(fresh, &mut next);
         if new_start && s.steps.len() > 1 {
@@ -82,22 +91,56 @@ pub(crate) fn on_event(
     }
     if let Some(m) = done {
         st.sequence.clear()?;
-        let events: Vec<Value> = m.events.iter().map(|e| serde_json::from_str(e).unwrap_or(Value::Null)).collect();
-        let sources: Vec<Value> =
-            m.sources.iter().map(|(t, p, o)| json!({"topic": t, "partition": p, "offset": o})).collect();
-        let extra = vec![("sequence", json!({"started": m.start, "ended": ts, "within_ms": s.within_ms, "sources": sources}))];
-        let r = record(rule, ev.key, Value::Array(events), None, Some(ev.source), ts, extra);
+        let events: Vec<Value> = m
+            .events
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap_or(Value::Null))
+            .collect();
+        let sources: Vec<Value> = m
+            .sources
+            .iter()
+            .map(|(t, p, o)| json!({"topic": t, "partition": p, "offset": o}))
+            .collect();
+        let extra = vec![(
+            "sequence",
+            json!({"started": m.start, "ended": ts, "within_ms": s.within_ms, "sources": sources}),
+        )];
+        let r = record(
+            rule,
+            ev.key,
+            Value::Array(events),
+            None,
+            Some(ev.source),
+            ts,
+            extra,
+        );
         return env.emit(out, rule, ev.key, &r);
     }
-    if next.is_empty() { st.sequence.clear()? } else { st.sequence.update(&next)? }
+    if next.is_empty() {
+        st.sequence.clear()?
+    } else {
+        st.sequence.update(&next)?
+    }
     Ok(())
 }
 
 /// Timeout: drop partials that can no longer complete.
-pub(crate) fn on_timer(env: &Env<'_, '_>, st: &States, _rule: &Rule, s: &SequenceSpec, timer_ms: u64) -> Result<(), FunctionError> {
+pub(crate) fn on_timer(
+    env: &Env<'_, '_>,
+    st: &States,
+    _rule: &Rule,
+    s: &SequenceSpec,
+    timer_ms: u64,
+) -> Result<(), FunctionError> {
     let _ = env;
-    let Some(mut partials) = st.sequence.value()? else { return Ok(()) };
+    let Some(mut partials) = st.sequence.value()? else {
+        return Ok(());
+    };
     partials.retain(|p| p.start.saturating_add(s.within_ms) >= timer_ms);
-    if partials.is_empty() { st.sequence.clear()? } else { st.sequence.update(&partials)? }
+    if partials.is_empty() {
+        st.sequence.clear()?
+    } else {
+        st.sequence.update(&partials)?
+    }
     Ok(())
 }

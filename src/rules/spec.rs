@@ -47,7 +47,10 @@ pub struct RuleError {
 
 impl RuleError {
     pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into() }
+        Self {
+            reason,
+            message: message.into(),
+        }
     }
 }
 
@@ -204,10 +207,17 @@ impl AggFn {
 pub enum WindowSpec {
     /// No window: one running value per key.
     Running,
-    Tumbling { size: u64 },
+    Tumbling {
+        size: u64,
+    },
     /// `size` is a multiple of `slide`.
-    Sliding { size: u64, slide: u64 },
-    Session { gap: u64 },
+    Sliding {
+        size: u64,
+        slide: u64,
+    },
+    Session {
+        gap: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,16 +275,26 @@ pub struct AnomalySpec {
 pub fn compile(body: &Value) -> Result<Rule, RuleError> {
     let raw: RawRule = serde_json::from_value(body.clone()).map_err(|e| {
         let msg = e.to_string();
-        let reason = if msg.contains("unknown field") { reason::UNKNOWN_FIELD } else { reason::INVALID };
+        let reason = if msg.contains("unknown field") {
+            reason::UNKNOWN_FIELD
+        } else {
+            reason::INVALID
+        };
         RuleError::new(reason, format!("rule: {msg}"))
     })?;
     if raw.id.is_empty() || raw.id.len() > 256 || raw.id.contains('\0') {
-        return Err(RuleError::new(reason::INVALID, "id: 1 to 256 bytes, no NUL"));
+        return Err(RuleError::new(
+            reason::INVALID,
+            "id: 1 to 256 bytes, no NUL",
+        ));
     }
     let status = match raw.status.as_deref() {
         None | Some("active") => Status::Active,
         Some(other) => {
-            return Err(RuleError::new(reason::BAD_STATUS, format!("status: `{other}` is not supported (active or deleted)")));
+            return Err(RuleError::new(
+                reason::BAD_STATUS,
+                format!("status: `{other}` is not supported (active or deleted)"),
+            ));
         }
     };
     if let Some(topic) = &raw.output_topic {
@@ -282,13 +302,22 @@ pub fn compile(body: &Value) -> Result<Rule, RuleError> {
             && topic.len() <= 249
             && topic != "."
             && topic != ".."
-            && topic.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            && topic
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if !ok {
-            return Err(RuleError::new(reason::INVALID, format!("output_topic: `{topic}` is not a valid Kafka topic name")));
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!("output_topic: `{topic}` is not a valid Kafka topic name"),
+            ));
         }
     }
     let mut budget = Budget::default();
-    let filter = raw.filter.as_ref().map(|f| Predicate::compile(f, "filter", Subject::Field, &mut budget)).transpose()?;
+    let filter = raw
+        .filter
+        .as_ref()
+        .map(|f| Predicate::compile(f, "filter", Subject::Field, &mut budget))
+        .transpose()?;
 
     let sections = [
         ("aggregate", raw.aggregate.is_some()),
@@ -299,42 +328,80 @@ pub fn compile(body: &Value) -> Result<Rule, RuleError> {
     if !sections.iter().any(|(name, _)| *name == raw.kind) {
         return Err(RuleError::new(
             reason::UNKNOWN_KIND,
-            format!("kind: unknown kind `{}` (aggregate, dedup, sequence or anomaly)", raw.kind),
+            format!(
+                "kind: unknown kind `{}` (aggregate, dedup, sequence or anomaly)",
+                raw.kind
+            ),
         ));
     }
     for (name, present) in sections {
         if present && name != raw.kind {
-            return Err(RuleError::new(reason::INVALID, format!("{name}: only allowed with kind `{name}` (kind is `{}`)", raw.kind)));
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!(
+                    "{name}: only allowed with kind `{name}` (kind is `{}`)",
+                    raw.kind
+                ),
+            ));
         }
         if !present && name == raw.kind {
-            return Err(RuleError::new(reason::INVALID, format!("{name}: required with kind `{name}`")));
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!("{name}: required with kind `{name}`"),
+            ));
         }
     }
     let kind = match raw.kind.as_str() {
         "aggregate" => Kind::Aggregate(aggregate(raw.aggregate.expect("checked"), &mut budget)?),
         "dedup" => {
             let d = raw.dedup.expect("checked");
-            Kind::Dedup(DedupSpec { field: Pointer::parse(&d.field, "dedup.field")?, ttl_ms: duration(&d.ttl, "dedup.ttl")? })
+            Kind::Dedup(DedupSpec {
+                field: Pointer::parse(&d.field, "dedup.field")?,
+                ttl_ms: duration(&d.ttl, "dedup.ttl")?,
+            })
         }
         "sequence" => {
             let s = raw.sequence.expect("checked");
             if s.steps.is_empty() {
-                return Err(RuleError::new(reason::INVALID, "sequence.steps: at least one step"));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    "sequence.steps: at least one step",
+                ));
             }
             if s.steps.len() > MAX_SEQUENCE_STEPS {
-                return Err(RuleError::new(reason::TOO_COMPLEX, format!("sequence.steps: more than {MAX_SEQUENCE_STEPS} steps")));
+                return Err(RuleError::new(
+                    reason::TOO_COMPLEX,
+                    format!("sequence.steps: more than {MAX_SEQUENCE_STEPS} steps"),
+                ));
             }
             let steps = s
                 .steps
                 .iter()
                 .enumerate()
-                .map(|(i, p)| Predicate::compile(p, &format!("sequence.steps[{i}]"), Subject::Field, &mut budget))
+                .map(|(i, p)| {
+                    Predicate::compile(
+                        p,
+                        &format!("sequence.steps[{i}]"),
+                        Subject::Field,
+                        &mut budget,
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?;
-            Kind::Sequence(SequenceSpec { steps, within_ms: duration(&s.within, "sequence.within")? })
+            Kind::Sequence(SequenceSpec {
+                steps,
+                within_ms: duration(&s.within, "sequence.within")?,
+            })
         }
         _ => Kind::Anomaly(anomaly(raw.anomaly.expect("checked"))?),
     };
-    Ok(Rule { id: raw.id, version: raw.version, status, filter, output_topic: raw.output_topic, kind })
+    Ok(Rule {
+        id: raw.id,
+        version: raw.version,
+        status,
+        filter,
+        output_topic: raw.output_topic,
+        kind,
+    })
 }
 
 fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, RuleError> {
@@ -348,20 +415,31 @@ fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, Rule
         other => {
             return Err(RuleError::new(
                 reason::UNKNOWN_FN,
-                format!("aggregate.fn: unknown fn `{other}` (count, sum, min, max, avg, distinct_count)"),
+                format!(
+                    "aggregate.fn: unknown fn `{other}` (count, sum, min, max, avg, distinct_count)"
+                ),
             ));
         }
     };
     let field = match (&a.field, func) {
         (Some(f), _) => Some(Pointer::parse(f, "aggregate.field")?),
         (None, AggFn::Count) => None,
-        (None, f) => return Err(RuleError::new(reason::INVALID, format!("aggregate.field: required for fn `{}`", f.name()))),
+        (None, f) => {
+            return Err(RuleError::new(
+                reason::INVALID,
+                format!("aggregate.field: required for fn `{}`", f.name()),
+            ));
+        }
     };
     let window = match &a.window {
         None => WindowSpec::Running,
         Some(w) => window(w)?,
     };
-    let having = a.having.as_ref().map(|h| Predicate::compile(h, "aggregate.having", Subject::Value, budget)).transpose()?;
+    let having = a
+        .having
+        .as_ref()
+        .map(|h| Predicate::compile(h, "aggregate.having", Subject::Value, budget))
+        .transpose()?;
     let emit = match a.emit.as_deref() {
         Some("every_event") => Emit::EveryEvent,
         Some("on_match") => Emit::OnMatch,
@@ -369,7 +447,9 @@ fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, Rule
         Some(other) => {
             return Err(RuleError::new(
                 reason::INVALID,
-                format!("aggregate.emit: unknown mode `{other}` (every_event, on_match, on_window_close)"),
+                format!(
+                    "aggregate.emit: unknown mode `{other}` (every_event, on_match, on_window_close)"
+                ),
             ));
         }
         None if having.is_some() && a.compare.is_none() => Emit::OnMatch,
@@ -377,42 +457,79 @@ fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, Rule
         None => Emit::OnWindowClose,
     };
     if emit == Emit::OnMatch && having.is_none() {
-        return Err(RuleError::new(reason::INVALID, "aggregate.emit: `on_match` needs `having`"));
+        return Err(RuleError::new(
+            reason::INVALID,
+            "aggregate.emit: `on_match` needs `having`",
+        ));
     }
     if emit == Emit::OnWindowClose && window == WindowSpec::Running {
-        return Err(RuleError::new(reason::BAD_WINDOW, "aggregate.emit: `on_window_close` needs a window"));
+        return Err(RuleError::new(
+            reason::BAD_WINDOW,
+            "aggregate.emit: `on_window_close` needs a window",
+        ));
     }
     let compare = match a.compare {
         None => None,
         Some(c) => {
-            if !matches!(window, WindowSpec::Tumbling { .. } | WindowSpec::Sliding { .. }) {
-                return Err(RuleError::new(reason::BAD_WINDOW, "aggregate.compare: needs a tumbling or sliding window"));
+            if !matches!(
+                window,
+                WindowSpec::Tumbling { .. } | WindowSpec::Sliding { .. }
+            ) {
+                return Err(RuleError::new(
+                    reason::BAD_WINDOW,
+                    "aggregate.compare: needs a tumbling or sliding window",
+                ));
             }
             if emit != Emit::OnWindowClose {
-                return Err(RuleError::new(reason::INVALID, "aggregate.compare: compares closed windows; emit must be `on_window_close`"));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    "aggregate.compare: compares closed windows; emit must be `on_window_close`",
+                ));
             }
             if c.windows_back == 0 || c.windows_back > MAX_WINDOWS_BACK {
-                return Err(RuleError::new(reason::INVALID, format!("aggregate.compare.windows_back: 1 to {MAX_WINDOWS_BACK}")));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    format!("aggregate.compare.windows_back: 1 to {MAX_WINDOWS_BACK}"),
+                ));
             }
             if !c.ratio_gt.is_finite() || c.ratio_gt < 0.0 {
-                return Err(RuleError::new(reason::INVALID, "aggregate.compare.ratio_gt: a finite number >= 0"));
+                return Err(RuleError::new(
+                    reason::INVALID,
+                    "aggregate.compare.ratio_gt: a finite number >= 0",
+                ));
             }
-            Some(CompareSpec { windows_back: c.windows_back, ratio_gt: c.ratio_gt })
+            Some(CompareSpec {
+                windows_back: c.windows_back,
+                ratio_gt: c.ratio_gt,
+            })
         }
     };
-    Ok(AggregateSpec { func, field, window, having, emit, compare })
+    Ok(AggregateSpec {
+        func,
+        field,
+        window,
+        having,
+        emit,
+        compare,
+    })
 }
 
 fn window(w: &RawWindow) -> Result<WindowSpec, RuleError> {
     let need = |v: &Option<String>, name: &str| -> Result<u64, RuleError> {
         match v {
             Some(s) => duration(s, &format!("aggregate.window.{name}")),
-            None => Err(RuleError::new(reason::BAD_WINDOW, format!("aggregate.window.{name}: required for a {} window", w.kind))),
+            None => Err(RuleError::new(
+                reason::BAD_WINDOW,
+                format!("aggregate.window.{name}: required for a {} window", w.kind),
+            )),
         }
     };
     let forbid = |v: &Option<String>, name: &str| -> Result<(), RuleError> {
         match v {
-            Some(_) => Err(RuleError::new(reason::BAD_WINDOW, format!("aggregate.window.{name}: not used by a {} window", w.kind))),
+            Some(_) => Err(RuleError::new(
+                reason::BAD_WINDOW,
+                format!("aggregate.window.{name}: not used by a {} window", w.kind),
+            )),
             None => Ok(()),
         }
     };
@@ -420,19 +537,26 @@ fn window(w: &RawWindow) -> Result<WindowSpec, RuleError> {
         "tumbling" => {
             forbid(&w.slide, "slide")?;
             forbid(&w.gap, "gap")?;
-            Ok(WindowSpec::Tumbling { size: need(&w.size, "size")? })
+            Ok(WindowSpec::Tumbling {
+                size: need(&w.size, "size")?,
+            })
         }
         "sliding" => {
             forbid(&w.gap, "gap")?;
             let size = need(&w.size, "size")?;
             let slide = need(&w.slide, "slide")?;
             if slide > size || size % slide != 0 {
-                return Err(RuleError::new(reason::BAD_WINDOW, "aggregate.window: sliding `size` must be a multiple of `slide`"));
+                return Err(RuleError::new(
+                    reason::BAD_WINDOW,
+                    "aggregate.window: sliding `size` must be a multiple of `slide`",
+                ));
             }
             if size / slide > MAX_WINDOWS_PER_EVENT {
                 return Err(RuleError::new(
                     reason::TOO_COMPLEX,
-                    format!("aggregate.window: size/slide above {MAX_WINDOWS_PER_EVENT} windows per event"),
+                    format!(
+                        "aggregate.window: size/slide above {MAX_WINDOWS_PER_EVENT} windows per event"
+                    ),
                 ));
             }
             Ok(WindowSpec::Sliding { size, slide })
@@ -440,7 +564,9 @@ fn window(w: &RawWindow) -> Result<WindowSpec, RuleError> {
         "session" => {
             forbid(&w.size, "size")?;
             forbid(&w.slide, "slide")?;
-            Ok(WindowSpec::Session { gap: need(&w.gap, "gap")? })
+            Ok(WindowSpec::Session {
+                gap: need(&w.gap, "gap")?,
+            })
         }
         other => Err(RuleError::new(
             reason::BAD_WINDOW,
@@ -453,37 +579,74 @@ fn anomaly(a: RawAnomaly) -> Result<AnomalySpec, RuleError> {
     let model = match a.model.as_str() {
         "ewma" => Model::Ewma,
         "welford" => Model::Welford,
-        other => return Err(RuleError::new(reason::UNKNOWN_MODEL, format!("anomaly.model: unknown model `{other}` (ewma, welford)"))),
+        other => {
+            return Err(RuleError::new(
+                reason::UNKNOWN_MODEL,
+                format!("anomaly.model: unknown model `{other}` (ewma, welford)"),
+            ));
+        }
     };
     let alpha = match (model, a.alpha) {
         (Model::Ewma, None) => 0.1,
         (Model::Ewma, Some(x)) if x > 0.0 && x <= 1.0 => x,
-        (Model::Ewma, Some(_)) => return Err(RuleError::new(reason::INVALID, "anomaly.alpha: in (0, 1]")),
-        (Model::Welford, Some(_)) => return Err(RuleError::new(reason::INVALID, "anomaly.alpha: only for model `ewma`")),
+        (Model::Ewma, Some(_)) => {
+            return Err(RuleError::new(reason::INVALID, "anomaly.alpha: in (0, 1]"));
+        }
+        (Model::Welford, Some(_)) => {
+            return Err(RuleError::new(
+                reason::INVALID,
+                "anomaly.alpha: only for model `ewma`",
+            ));
+        }
         (Model::Welford, None) => 0.0,
     };
     if !a.z_gt.is_finite() || a.z_gt <= 0.0 {
-        return Err(RuleError::new(reason::INVALID, "anomaly.z_gt: a finite number > 0"));
+        return Err(RuleError::new(
+            reason::INVALID,
+            "anomaly.z_gt: a finite number > 0",
+        ));
     }
     let min_samples = a.min_samples.unwrap_or(20);
     if min_samples < 2 {
-        return Err(RuleError::new(reason::INVALID, "anomaly.min_samples: at least 2"));
+        return Err(RuleError::new(
+            reason::INVALID,
+            "anomaly.min_samples: at least 2",
+        ));
     }
-    Ok(AnomalySpec { field: Pointer::parse(&a.field, "anomaly.field")?, model, alpha, z_gt: a.z_gt, min_samples })
+    Ok(AnomalySpec {
+        field: Pointer::parse(&a.field, "anomaly.field")?,
+        model,
+        alpha,
+        z_gt: a.z_gt,
+        min_samples,
+    })
 }
 
 /// A humantime duration in whole ms, > 0 and at most [`MAX_DURATION`].
 pub fn duration(s: &str, field: &str) -> Result<u64, RuleError> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| RuleError::new(reason::BAD_DURATION, format!("{field}: `{s}` is not a duration like \"5m\" ({e})")))?;
+    let d = humantime::parse_duration(s).map_err(|e| {
+        RuleError::new(
+            reason::BAD_DURATION,
+            format!("{field}: `{s}` is not a duration like \"5m\" ({e})"),
+        )
+    })?;
     if d.is_zero() || d.as_millis() == 0 {
-        return Err(RuleError::new(reason::BAD_DURATION, format!("{field}: must be at least 1ms")));
+        return Err(RuleError::new(
+            reason::BAD_DURATION,
+            format!("{field}: must be at least 1ms"),
+        ));
     }
     if d > MAX_DURATION {
-        return Err(RuleError::new(reason::BAD_DURATION, format!("{field}: at most 400 days")));
+        return Err(RuleError::new(
+            reason::BAD_DURATION,
+            format!("{field}: at most 400 days"),
+        ));
     }
     if d.subsec_nanos() % 1_000_000 != 0 {
-        return Err(RuleError::new(reason::BAD_DURATION, format!("{field}: whole milliseconds only")));
+        return Err(RuleError::new(
+            reason::BAD_DURATION,
+            format!("{field}: whole milliseconds only"),
+        ));
     }
     Ok(d.as_millis() as u64)
 }
@@ -505,22 +668,29 @@ mod tests {
     fn with(path: &str, v: Value) -> Value {
         let mut b = base();
         let (parent, last) = path.rsplit_once('/').expect("path");
-        b.pointer_mut(parent).and_then(Value::as_object_mut).expect("parent").insert(last.into(), v);
+        b.pointer_mut(parent)
+            .and_then(Value::as_object_mut)
+            .expect("parent")
+            .insert(last.into(), v);
         b
     }
 
     #[test]
     fn the_issue_example_compiles() {
-        let r = compile(&json!({"id": "large-spend", "version": 3, "status": "active",
+        let r = compile(
+            &json!({"id": "large-spend", "version": 3, "status": "active",
          "filter": {"and": [{"field": "/type", "eq": "payment"}, {"field": "/amount", "gt": 0}]},
          "kind": "aggregate",
          "aggregate": {"fn": "sum", "field": "/amount",
                        "window": {"type": "tumbling", "size": "1m"},
                        "having": {"gt": 1000},
                        "emit": "on_match"},
-         "output_topic": "alerts"}))
+         "output_topic": "alerts"}),
+        )
         .expect("compiles");
-        let Kind::Aggregate(a) = &r.kind else { panic!("aggregate") };
+        let Kind::Aggregate(a) = &r.kind else {
+            panic!("aggregate")
+        };
         assert_eq!(a.window, WindowSpec::Tumbling { size: 60_000 });
         assert_eq!(a.emit, Emit::OnMatch);
         assert_eq!(r.output_topic.as_deref(), Some("alerts"));
@@ -533,62 +703,154 @@ mod tests {
             _ => panic!(),
         };
         assert_eq!(emit(base()), Emit::EveryEvent);
-        assert_eq!(emit(with("/aggregate/window", json!({"type": "tumbling", "size": "1s"}))), Emit::OnWindowClose);
-        assert_eq!(emit(with("/aggregate/having", json!({"gt": 1}))), Emit::OnMatch);
+        assert_eq!(
+            emit(with(
+                "/aggregate/window",
+                json!({"type": "tumbling", "size": "1s"})
+            )),
+            Emit::OnWindowClose
+        );
+        assert_eq!(
+            emit(with("/aggregate/having", json!({"gt": 1}))),
+            Emit::OnMatch
+        );
     }
 
     #[test]
     fn refusals_name_a_reason() {
-        assert_eq!(refused(with("/aggregate/fn", json!("median"))), reason::UNKNOWN_FN);
+        assert_eq!(
+            refused(with("/aggregate/fn", json!("median"))),
+            reason::UNKNOWN_FN
+        );
         assert_eq!(refused(with("/kind", json!("join"))), reason::UNKNOWN_KIND);
         assert_eq!(refused(with("/extra", json!(1))), reason::UNKNOWN_FIELD);
-        assert_eq!(refused(with("/aggregate/extra", json!(1))), reason::UNKNOWN_FIELD);
-        assert_eq!(refused(with("/aggregate/window", json!({"type": "tumbling", "size": "1m", "x": 1}))), reason::UNKNOWN_FIELD);
-        assert_eq!(refused(with("/status", json!("shadow"))), reason::BAD_STATUS);
+        assert_eq!(
+            refused(with("/aggregate/extra", json!(1))),
+            reason::UNKNOWN_FIELD
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "tumbling", "size": "1m", "x": 1})
+            )),
+            reason::UNKNOWN_FIELD
+        );
+        assert_eq!(
+            refused(with("/status", json!("shadow"))),
+            reason::BAD_STATUS
+        );
         assert_eq!(refused(with("/version", json!("1"))), reason::INVALID);
-        assert_eq!(refused(with("/aggregate/fn", json!("sum"))), reason::INVALID, "sum needs a field");
-        assert_eq!(refused(with("/aggregate/field", json!("amount"))), reason::BAD_POINTER);
-        assert_eq!(refused(with("/aggregate/window", json!({"type": "tumbling", "size": "soon"}))), reason::BAD_DURATION);
-        assert_eq!(refused(with("/aggregate/window", json!({"type": "tumbling", "size": "0s"}))), reason::BAD_DURATION);
-        assert_eq!(refused(with("/aggregate/window", json!({"type": "tumbling"}))), reason::BAD_WINDOW);
-        assert_eq!(refused(with("/aggregate/window", json!({"type": "hopping", "size": "1m"}))), reason::BAD_WINDOW);
         assert_eq!(
-            refused(with("/aggregate/window", json!({"type": "sliding", "size": "1m", "slide": "7s"}))),
+            refused(with("/aggregate/fn", json!("sum"))),
+            reason::INVALID,
+            "sum needs a field"
+        );
+        assert_eq!(
+            refused(with("/aggregate/field", json!("amount"))),
+            reason::BAD_POINTER
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "tumbling", "size": "soon"})
+            )),
+            reason::BAD_DURATION
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "tumbling", "size": "0s"})
+            )),
+            reason::BAD_DURATION
+        );
+        assert_eq!(
+            refused(with("/aggregate/window", json!({"type": "tumbling"}))),
             reason::BAD_WINDOW
         );
         assert_eq!(
-            refused(with("/aggregate/window", json!({"type": "sliding", "size": "1m", "slide": "2m"}))),
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "hopping", "size": "1m"})
+            )),
             reason::BAD_WINDOW
         );
         assert_eq!(
-            refused(with("/aggregate/window", json!({"type": "sliding", "size": "1000s", "slide": "1s"}))),
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "sliding", "size": "1m", "slide": "7s"})
+            )),
+            reason::BAD_WINDOW
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "sliding", "size": "1m", "slide": "2m"})
+            )),
+            reason::BAD_WINDOW
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/window",
+                json!({"type": "sliding", "size": "1000s", "slide": "1s"})
+            )),
             reason::TOO_COMPLEX
         );
-        assert_eq!(refused(with("/aggregate/emit", json!("on_window_close"))), reason::BAD_WINDOW);
-        assert_eq!(refused(with("/aggregate/emit", json!("on_match"))), reason::INVALID, "on_match without having");
-        assert_eq!(refused(with("/aggregate/compare", json!({"windows_back": 1, "ratio_gt": 2.0}))), reason::BAD_WINDOW);
-        assert_eq!(refused(with("/output_topic", json!("bad topic"))), reason::INVALID);
-        assert_eq!(refused(with("/filter", json!({"field": "/a", "regex": "x"}))), reason::UNKNOWN_OP);
         assert_eq!(
-            refused(json!({"id": "r", "version": 1, "kind": "dedup", "aggregate": {"fn": "count"}})),
+            refused(with("/aggregate/emit", json!("on_window_close"))),
+            reason::BAD_WINDOW
+        );
+        assert_eq!(
+            refused(with("/aggregate/emit", json!("on_match"))),
+            reason::INVALID,
+            "on_match without having"
+        );
+        assert_eq!(
+            refused(with(
+                "/aggregate/compare",
+                json!({"windows_back": 1, "ratio_gt": 2.0})
+            )),
+            reason::BAD_WINDOW
+        );
+        assert_eq!(
+            refused(with("/output_topic", json!("bad topic"))),
+            reason::INVALID
+        );
+        assert_eq!(
+            refused(with("/filter", json!({"field": "/a", "regex": "x"}))),
+            reason::UNKNOWN_OP
+        );
+        assert_eq!(
+            refused(
+                json!({"id": "r", "version": 1, "kind": "dedup", "aggregate": {"fn": "count"}})
+            ),
             reason::INVALID,
             "section of another kind"
         );
         assert_eq!(
-            refused(json!({"id": "r", "version": 1, "kind": "anomaly", "anomaly": {"field": "/x", "model": "arima", "z_gt": 3}})),
+            refused(
+                json!({"id": "r", "version": 1, "kind": "anomaly", "anomaly": {"field": "/x", "model": "arima", "z_gt": 3}})
+            ),
             reason::UNKNOWN_MODEL
         );
         assert_eq!(
-            refused(json!({"id": "r", "version": 1, "kind": "anomaly", "anomaly": {"field": "/x", "model": "welford", "alpha": 0.5, "z_gt": 3}})),
+            refused(
+                json!({"id": "r", "version": 1, "kind": "anomaly", "anomaly": {"field": "/x", "model": "welford", "alpha": 0.5, "z_gt": 3}})
+            ),
             reason::INVALID
         );
-        let steps: Vec<Value> = (0..=MAX_SEQUENCE_STEPS).map(|_| json!({"field": "/a", "exists": true})).collect();
+        let steps: Vec<Value> = (0..=MAX_SEQUENCE_STEPS)
+            .map(|_| json!({"field": "/a", "exists": true}))
+            .collect();
         assert_eq!(
-            refused(json!({"id": "r", "version": 1, "kind": "sequence", "sequence": {"steps": steps, "within": "1m"}})),
+            refused(
+                json!({"id": "r", "version": 1, "kind": "sequence", "sequence": {"steps": steps, "within": "1m"}})
+            ),
             reason::TOO_COMPLEX
         );
         assert_eq!(
-            refused(json!({"id": "r", "version": 1, "kind": "dedup", "dedup": {"field": "/id", "ttl": "-5m"}})),
+            refused(
+                json!({"id": "r", "version": 1, "kind": "dedup", "dedup": {"field": "/id", "ttl": "-5m"}})
+            ),
             reason::BAD_DURATION
         );
     }

@@ -50,7 +50,12 @@ pub fn parse(ns: &[u8]) -> Option<Parsed<'_>> {
         17 => Some(i64::from_be_bytes(rest[9..17].try_into().ok()?)),
         _ => return None,
     };
-    Some(Parsed { id, version, tag, arg })
+    Some(Parsed {
+        id,
+        version,
+        tag,
+        arg,
+    })
 }
 
 /// Start of the window of `size` (aligned to the epoch) that holds `ts`.
@@ -72,8 +77,19 @@ mod tests {
     #[test]
     fn namespaces_round_trip() {
         let ns = namespace("r-1", 7, WINDOW, Some(-60_000));
-        assert_eq!(parse(&ns), Some(Parsed { id: "r-1", version: 7, tag: WINDOW, arg: Some(-60_000) }));
-        assert_eq!(parse(&namespace("x", 1, DEDUP, None)).map(|p| p.arg), Some(None));
+        assert_eq!(
+            parse(&ns),
+            Some(Parsed {
+                id: "r-1",
+                version: 7,
+                tag: WINDOW,
+                arg: Some(-60_000)
+            })
+        );
+        assert_eq!(
+            parse(&namespace("x", 1, DEDUP, None)).map(|p| p.arg),
+            Some(None)
+        );
         assert_eq!(parse(b"no-nul"), None);
     }
 
@@ -81,7 +97,11 @@ mod tests {
     fn window_assignment_at_boundaries() {
         assert_eq!(tumbling_start(60_000, 60_000), 60_000, "exactly at start");
         assert_eq!(tumbling_start(119_999, 60_000), 60_000, "end - 1");
-        assert_eq!(tumbling_start(120_000, 60_000), 120_000, "end is the next window");
+        assert_eq!(
+            tumbling_start(120_000, 60_000),
+            120_000,
+            "end is the next window"
+        );
         assert_eq!(sliding_starts(25, 30, 10), vec![0, 10, 20]);
         assert_eq!(sliding_starts(30, 30, 10), vec![10, 20, 30]);
         assert_eq!(sliding_starts(5, 30, 10), vec![-20, -10, 0]);

@@ -76,7 +76,11 @@ pub fn check(
     allow_drop: bool,
 ) -> Vec<Line> {
     let mut lines = Vec::new();
-    let line = |name: &str, verdict, reason: String| Line { name: name.to_string(), verdict, reason };
+    let line = |name: &str, verdict, reason: String| Line {
+        name: name.to_string(),
+        verdict,
+        reason,
+    };
     match configured_max_parallelism {
         Some(n) if n != snapshot_max_parallelism => lines.push(line(
             "<key groups>",
@@ -93,17 +97,38 @@ pub fn check(
             let reason = format!(
                 "the job does not declare this {} state; its entries would be carried along unread \
                  (remove them with `checkpoints surgery … drop-state {}`)",
-                kind(s.kind), s.name
+                kind(s.kind),
+                s.name
             );
-            lines.push(line(&s.name, if allow_drop { Verdict::Drop } else { Verdict::Fail }, if allow_drop { reason } else { format!("{reason}; pass --allow-drop to accept") }));
+            lines.push(line(
+                &s.name,
+                if allow_drop {
+                    Verdict::Drop
+                } else {
+                    Verdict::Fail
+                },
+                if allow_drop {
+                    reason
+                } else {
+                    format!("{reason}; pass --allow-drop to accept")
+                },
+            ));
             continue;
         };
         if d.kind != s.kind {
-            lines.push(line(&s.name, Verdict::Fail, format!("kind changed from {} to {}", kind(s.kind), kind(d.kind))));
+            lines.push(line(
+                &s.name,
+                Verdict::Fail,
+                format!("kind changed from {} to {}", kind(s.kind), kind(d.kind)),
+            ));
             continue;
         }
         if d.ttl.is_some() != s.ttl.is_some() {
-            let (from, to) = if s.ttl.is_some() { ("on", "off") } else { ("off", "on") };
+            let (from, to) = if s.ttl.is_some() {
+                ("on", "off")
+            } else {
+                ("off", "on")
+            };
             lines.push(line(
                 &s.name,
                 Verdict::Fail,
@@ -112,14 +137,27 @@ pub fn check(
             continue;
         }
         let ttl_note = match (&s.ttl, &d.ttl) {
-            (Some(a), Some(b)) if a != b => format!("; TTL settings change ({} ms -> {} ms, new rules apply to existing entries)", a.ttl_ms, b.ttl_ms),
+            (Some(a), Some(b)) if a != b => format!(
+                "; TTL settings change ({} ms -> {} ms, new rules apply to existing entries)",
+                a.ttl_ms, b.ttl_ms
+            ),
             _ => String::new(),
         };
         match streamstate_state::schema::compare(s.schema.as_ref(), &d.schema, &d.migrates_from) {
             SchemaChange::Keep => {
                 let what = match &s.schema {
-                    Some(sc) => format!("{} {} v{}, unchanged", kind(s.kind), sc.value_type, sc.version),
-                    None => format!("{} (no schema recorded in the snapshot: not verifiable, taken as {} v{})", kind(s.kind), d.schema.value_type, d.schema.version),
+                    Some(sc) => format!(
+                        "{} {} v{}, unchanged",
+                        kind(s.kind),
+                        sc.value_type,
+                        sc.version
+                    ),
+                    None => format!(
+                        "{} (no schema recorded in the snapshot: not verifiable, taken as {} v{})",
+                        kind(s.kind),
+                        d.schema.value_type,
+                        d.schema.version
+                    ),
                 };
                 lines.push(line(&s.name, Verdict::Keep, format!("{what}{ttl_note}")));
             }
@@ -137,18 +175,43 @@ pub fn check(
     }
     for d in declared {
         if !snapshot.iter().any(|s| s.name == d.name) {
-            lines.push(line(&d.name, Verdict::New, format!("new {} state ({} v{}): starts empty", kind(d.kind), d.schema.value_type, d.schema.version)));
+            lines.push(line(
+                &d.name,
+                Verdict::New,
+                format!(
+                    "new {} state ({} v{}): starts empty",
+                    kind(d.kind),
+                    d.schema.value_type,
+                    d.schema.version
+                ),
+            ));
         }
     }
     lines
 }
 
-pub fn report(config: &Config, from: &str, declared: &[StateDeclaration], allow_drop: bool) -> anyhow::Result<Report> {
+pub fn report(
+    config: &Config,
+    from: &str,
+    declared: &[StateDeclaration],
+    allow_drop: bool,
+) -> anyhow::Result<Report> {
     if from == "latest" && !std::path::Path::new(from).is_dir() {
         let storage = crate::checkpoint::open_storage(config)?;
         if super::latest(storage.as_ref())?.is_none() {
-            let line = Line { name: "<none>".into(), verdict: Verdict::Keep, reason: format!("no completed checkpoint in {}: a first start, nothing to restore", storage.describe()) };
-            return Ok(Report { source: "no checkpoint".into(), lines: vec![line], ok: true });
+            let line = Line {
+                name: "<none>".into(),
+                verdict: Verdict::Keep,
+                reason: format!(
+                    "no completed checkpoint in {}: a first start, nothing to restore",
+                    storage.describe()
+                ),
+            };
+            return Ok(Report {
+                source: "no checkpoint".into(),
+                lines: vec![line],
+                ok: true,
+            });
         }
     }
     let f = fetch(config, from, true)?;
@@ -170,9 +233,19 @@ pub fn report(config: &Config, from: &str, declared: &[StateDeclaration], allow_
             });
         }
     }
-    let lines = check(&meta.states, meta.max_parallelism, &declared, config.state.max_parallelism, allow_drop);
+    let lines = check(
+        &meta.states,
+        meta.max_parallelism,
+        &declared,
+        config.state.max_parallelism,
+        allow_drop,
+    );
     let ok = lines.iter().all(|l| l.verdict != Verdict::Fail);
-    Ok(Report { source: f.origin.source.clone(), lines, ok })
+    Ok(Report {
+        source: f.origin.source.clone(),
+        lines,
+        ok,
+    })
 }
 
 pub fn run(args: CheckRestoreArgs) -> anyhow::Result<()> {
@@ -186,7 +259,12 @@ pub fn run(args: CheckRestoreArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         for l in &r.lines {
-            println!("{:<8} {}: {}", format!("{:?}", l.verdict).to_lowercase(), l.name, l.reason);
+            println!(
+                "{:<8} {}: {}",
+                format!("{:?}", l.verdict).to_lowercase(),
+                l.name,
+                l.reason
+            );
         }
     }
     if r.ok {
@@ -195,7 +273,17 @@ pub fn run(args: CheckRestoreArgs) -> anyhow::Result<()> {
         }
         Ok(())
     } else {
-        let failed: Vec<&str> = r.lines.iter().filter(|l| l.verdict == Verdict::Fail).map(|l| l.name.as_str()).collect();
-        Err(Refused(format!("restore from {} would fail: {}", r.source, failed.join(", "))).into())
+        let failed: Vec<&str> = r
+            .lines
+            .iter()
+            .filter(|l| l.verdict == Verdict::Fail)
+            .map(|l| l.name.as_str())
+            .collect();
+        Err(Refused(format!(
+            "restore from {} would fail: {}",
+            r.source,
+            failed.join(", ")
+        ))
+        .into())
     }
 }

@@ -38,7 +38,11 @@ fn encode<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Vec<u8>, String>
 
 /// The codec of a postcard-encoded `T`.
 pub fn codec<T: DeserializeOwned + Serialize>() -> Codec {
-    Codec { value_type: std::any::type_name::<T>(), decode: decode::<T>, encode: encode::<T> }
+    Codec {
+        value_type: std::any::type_name::<T>(),
+        decode: decode::<T>,
+        encode: encode::<T>,
+    }
 }
 
 /// Codecs of `job`'s states, by state name.
@@ -57,6 +61,8 @@ impl Registry {
     /// The codec for `state`, if known and matching the recorded schema.
     pub fn get(&self, state: &str, schema: Option<&SchemaMeta>) -> Option<Codec> {
         let c = self.0.get(state)?;
-        schema.is_none_or(|s| s.value_type == c.value_type).then_some(*c)
+        schema
+            .is_none_or(|s| s.value_type == c.value_type)
+            .then_some(*c)
     }
 }

@@ -116,10 +116,18 @@ pub fn header(raw: &RawSnapshot, origin: &Origin) -> Header {
     }
 }
 
-fn element(raw: &RawSnapshot, state: &str, ts: Option<u64>, payload: &[u8], codecs: &Registry) -> Element {
+fn element(
+    raw: &RawSnapshot,
+    state: &str,
+    ts: Option<u64>,
+    payload: &[u8],
+    codecs: &Registry,
+) -> Element {
     let meta = raw.state(state);
     let ttl_ms = meta.and_then(|m| m.ttl.as_ref()).map(|t| t.ttl_ms);
-    let value = codecs.get(state, meta.and_then(|m| m.schema.as_ref())).and_then(|c| (c.decode)(payload).ok());
+    let value = codecs
+        .get(state, meta.and_then(|m| m.schema.as_ref()))
+        .and_then(|c| (c.decode)(payload).ok());
     Element {
         value_hex: Some(hex::encode(payload)),
         value,
@@ -134,7 +142,13 @@ pub fn entry_lines(raw: &RawSnapshot, codecs: &Registry) -> anyhow::Result<Vec<L
     let mut out = Vec::with_capacity(raw.entries.len());
     for (k, v) in &raw.entries {
         out.push(match raw.decode(k, v)? {
-            Entry::Timer { key_group, domain, timestamp, key, namespace } => Line::Timer(TimerLine {
+            Entry::Timer {
+                key_group,
+                domain,
+                timestamp,
+                key,
+                namespace,
+            } => Line::Timer(TimerLine {
                 domain,
                 timestamp_ms: timestamp,
                 key_group: Some(key_group),
@@ -142,10 +156,24 @@ pub fn entry_lines(raw: &RawSnapshot, codecs: &Registry) -> anyhow::Result<Vec<L
                 key_hex: hex::encode(&key),
                 namespace_hex: hex::encode(&namespace),
             }),
-            Entry::State { key_group, state, kind, key, namespace, user_key, values } => {
-                let elems: Vec<Element> = values.iter().map(|(ts, p)| element(raw, &state, *ts, p, codecs)).collect();
-                let (value, elements) =
-                    if kind == StateKind::List { (None, Some(elems)) } else { (elems.into_iter().next(), None) };
+            Entry::State {
+                key_group,
+                state,
+                kind,
+                key,
+                namespace,
+                user_key,
+                values,
+            } => {
+                let elems: Vec<Element> = values
+                    .iter()
+                    .map(|(ts, p)| element(raw, &state, *ts, p, codecs))
+                    .collect();
+                let (value, elements) = if kind == StateKind::List {
+                    (None, Some(elems))
+                } else {
+                    (elems.into_iter().next(), None)
+                };
                 Line::Entry(EntryLine {
                     key_group: Some(key_group),
                     key: text(&key),
@@ -164,7 +192,12 @@ pub fn entry_lines(raw: &RawSnapshot, codecs: &Registry) -> anyhow::Result<Vec<L
 }
 
 /// Writes the whole export of `raw` to `w`.
-pub fn write(raw: &RawSnapshot, origin: &Origin, codecs: &Registry, w: &mut dyn Write) -> anyhow::Result<()> {
+pub fn write(
+    raw: &RawSnapshot,
+    origin: &Origin,
+    codecs: &Registry,
+    w: &mut dyn Write,
+) -> anyhow::Result<()> {
     serde_json::to_writer(&mut *w, &Line::Header(header(raw, origin)))?;
     w.write_all(b"\n")?;
     for line in entry_lines(raw, codecs)? {
@@ -181,10 +214,16 @@ pub fn run(config: &Config, from: &str, out: Option<&Path>) -> anyhow::Result<()
     let codecs = for_function(config.job.function);
     match out {
         Some(path) => {
-            let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("creating {}", path.display()))?;
             let mut w = std::io::BufWriter::new(file);
             write(&raw, &f.origin, &codecs, &mut w)?;
-            eprintln!("exported {} entries of {} to {}", raw.entries.len(), f.origin.source, path.display());
+            eprintln!(
+                "exported {} entries of {} to {}",
+                raw.entries.len(),
+                f.origin.source,
+                path.display()
+            );
         }
         None => {
             let stdout = std::io::stdout();

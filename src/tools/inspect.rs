@@ -30,7 +30,12 @@ pub fn stats(raw: &RawSnapshot) -> anyhow::Result<BTreeMap<String, StateStats>> 
     for s in &raw.states {
         out.insert(
             s.name.clone(),
-            StateStats { kind: s.kind.to_string(), ttl: s.ttl.is_some(), schema: s.schema.clone(), ..Default::default() },
+            StateStats {
+                kind: s.kind.to_string(),
+                ttl: s.ttl.is_some(),
+                schema: s.schema.clone(),
+                ..Default::default()
+            },
         );
     }
     for (k, v) in &raw.entries {
@@ -39,9 +44,17 @@ pub fn stats(raw: &RawSnapshot) -> anyhow::Result<BTreeMap<String, StateStats>> 
             Entry::State { state, .. } => state.clone(),
             Entry::Timer { .. } => "<timers>".to_string(),
         };
-        let st = out.entry(name.clone()).or_insert_with(|| StateStats { kind: "timers".into(), ..Default::default() });
+        let st = out.entry(name.clone()).or_insert_with(|| StateStats {
+            kind: "timers".into(),
+            ..Default::default()
+        });
         st.entries += 1;
-        if let Entry::State { kind: streamstate_state::StateKind::List, values, .. } = &e {
+        if let Entry::State {
+            kind: streamstate_state::StateKind::List,
+            values,
+            ..
+        } = &e
+        {
             st.elements += values.len() as u64;
         }
         st.key_bytes += k.len() as u64;
@@ -56,7 +69,11 @@ pub fn stats(raw: &RawSnapshot) -> anyhow::Result<BTreeMap<String, StateStats>> 
     Ok(out)
 }
 
-pub fn report(origin: &Origin, state: &streamstate_state::SnapshotResult, raw: &RawSnapshot) -> anyhow::Result<serde_json::Value> {
+pub fn report(
+    origin: &Origin,
+    state: &streamstate_state::SnapshotResult,
+    raw: &RawSnapshot,
+) -> anyhow::Result<serde_json::Value> {
     Ok(json!({
         "source": origin.source,
         "app_id": origin.app_id,
@@ -84,6 +101,9 @@ pub fn report(origin: &Origin, state: &streamstate_state::SnapshotResult, raw: &
 pub fn run(config: &Config, from: &str) -> anyhow::Result<()> {
     let f = fetch(config, from, false)?;
     let raw = f.load()?;
-    println!("{}", serde_json::to_string_pretty(&report(&f.origin, &f.state, &raw)?)?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report(&f.origin, &f.state, &raw)?)?
+    );
     Ok(())
 }

@@ -44,15 +44,31 @@ pub fn run(config: &Config, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("{:<8} {:<10} {:<8} {:<9} {:<26} {:>12}", "ID", "RUN", "INSTANCE", "COMPLETED", "CREATED", "SIZE");
+    println!(
+        "{:<8} {:<10} {:<8} {:<9} {:<26} {:>12}",
+        "ID", "RUN", "INSTANCE", "COMPLETED", "CREATED", "SIZE"
+    );
     for r in rows {
         let created = r
             .created_at_ms
-            .map(|ms| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string())
+            .map(|ms| {
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+                )
+                .to_string()
+            })
             .unwrap_or_else(|| "-".into());
         let instance = r.instance.map_or("-".to_string(), |i| i.to_string());
         let size = r.size_bytes.map_or("-".to_string(), |s| s.to_string());
-        println!("{:<8} {:<10} {:<8} {:<9} {:<26} {:>12}", r.id, r.run, instance, if r.completed { "yes" } else { "no" }, created, size);
+        println!(
+            "{:<8} {:<10} {:<8} {:<9} {:<26} {:>12}",
+            r.id,
+            r.run,
+            instance,
+            if r.completed { "yes" } else { "no" },
+            created,
+            size
+        );
         if let Some(e) = r.error {
             println!("         ! {e}");
         }

@@ -26,7 +26,9 @@ use clap::Subcommand;
 use streamstate_state::SnapshotResult;
 use streamstate_state::offline::RawSnapshot;
 
-use crate::checkpoint::{CheckpointRef, CheckpointStorage, Manifest, PartitionOffset, open_storage};
+use crate::checkpoint::{
+    CheckpointRef, CheckpointStorage, Manifest, PartitionOffset, open_storage,
+};
 use crate::config::Config;
 
 /// Exit code of a check that ran and said no (verify found damage, check-restore refuses).
@@ -75,7 +77,11 @@ pub enum CheckpointsCommand {
 }
 
 /// Runs `streamstate checkpoints …`; `instance` overrides `[job] instance`.
-pub fn run_checkpoints(config: &Path, instance: Option<u32>, command: CheckpointsCommand) -> anyhow::Result<()> {
+pub fn run_checkpoints(
+    config: &Path,
+    instance: Option<u32>,
+    command: CheckpointsCommand,
+) -> anyhow::Result<()> {
     let mut config = Config::load(config)?;
     if let Some(i) = instance {
         config.job.instance = i;
@@ -90,8 +96,15 @@ pub fn run_checkpoints(config: &Path, instance: Option<u32>, command: Checkpoint
             }
             export::run(&config, &from, out.as_deref())
         }
-        CheckpointsCommand::Import { jsonl, savepoint_dir } => import::run(&config, &jsonl, &savepoint_dir),
-        CheckpointsCommand::Surgery { from, savepoint_dir, op } => surgery::run(&config, &from, &savepoint_dir, op),
+        CheckpointsCommand::Import {
+            jsonl,
+            savepoint_dir,
+        } => import::run(&config, &jsonl, &savepoint_dir),
+        CheckpointsCommand::Surgery {
+            from,
+            savepoint_dir,
+            op,
+        } => surgery::run(&config, &from, &savepoint_dir, op),
     }
 }
 
@@ -120,7 +133,11 @@ pub struct Fetched {
 impl Fetched {
     /// Verifies every file and loads the snapshot into memory.
     pub fn load(&self) -> anyhow::Result<RawSnapshot> {
-        Ok(RawSnapshot::read(&self.dir, &self.state, &self.scratch.path().join("rocksdb-logs"))?)
+        Ok(RawSnapshot::read(
+            &self.dir,
+            &self.state,
+            &self.scratch.path().join("rocksdb-logs"),
+        )?)
     }
     pub fn scratch(&self) -> &Path {
         self.scratch.path()
@@ -135,7 +152,12 @@ pub enum SourceRef {
 
 /// The newest completed checkpoint, if any.
 pub fn latest(storage: &dyn CheckpointStorage) -> anyhow::Result<Option<CheckpointRef>> {
-    Ok(storage.list()?.into_iter().filter(|i| i.completed).map(|i| i.checkpoint).max_by_key(|c| c.id))
+    Ok(storage
+        .list()?
+        .into_iter()
+        .filter(|i| i.completed)
+        .map(|i| i.checkpoint)
+        .max_by_key(|c| c.id))
 }
 
 /// Resolves `from` against storage: a directory path is a savepoint; `chk-…` a
@@ -156,7 +178,9 @@ pub fn resolve(storage: &dyn CheckpointStorage, from: &str) -> anyhow::Result<So
         };
     }
     let Ok(id) = from.parse::<u64>() else {
-        bail!("{from:?} is neither a checkpoint (chk-<id>-<run> or <id>) nor a savepoint directory");
+        bail!(
+            "{from:?} is neither a checkpoint (chk-<id>-<run> or <id>) nor a savepoint directory"
+        );
     };
     let all = storage.list()?;
     let mut matching: Vec<_> = all.iter().filter(|i| i.checkpoint.id == id).collect();
@@ -169,7 +193,10 @@ pub fn resolve(storage: &dyn CheckpointStorage, from: &str) -> anyhow::Result<So
         many => bail!(
             "checkpoint id {id} is ambiguous in {}: {}",
             storage.describe(),
-            many.iter().map(|i| i.checkpoint.to_string()).collect::<Vec<_>>().join(", ")
+            many.iter()
+                .map(|i| i.checkpoint.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -177,22 +204,38 @@ pub fn resolve(storage: &dyn CheckpointStorage, from: &str) -> anyhow::Result<So
 /// Reads a checkpoint's manifest (or a savepoint's) and fetches its files; with
 /// `meta_only`, only `state-meta.json`.
 pub fn fetch(config: &Config, from: &str, meta_only: bool) -> anyhow::Result<Fetched> {
-    let scratch = tempfile::Builder::new().prefix("streamstate-tools-").tempdir().context("scratch directory")?;
+    let scratch = tempfile::Builder::new()
+        .prefix("streamstate-tools-")
+        .tempdir()
+        .context("scratch directory")?;
     let storage = open_storage(config)?;
     match resolve(storage.as_ref(), from)? {
         SourceRef::Savepoint(dir) => {
             let (origin, state) = savepoint_out::read(&dir)?;
-            Ok(Fetched { origin, state, dir, scratch })
+            Ok(Fetched {
+                origin,
+                state,
+                dir,
+                scratch,
+            })
         }
         SourceRef::Checkpoint(c) => {
             let manifest = storage.read_manifest(&c)?;
             let dir = scratch.path().join("files");
             let mut to_fetch = manifest.clone();
             if meta_only {
-                to_fetch.state.files.retain(|f| f.path == streamstate_state::snapshot::META_FILE);
+                to_fetch
+                    .state
+                    .files
+                    .retain(|f| f.path == streamstate_state::snapshot::META_FILE);
             }
             storage.fetch(&to_fetch, &dir)?;
-            Ok(Fetched { origin: origin_of(&manifest), state: manifest.state, dir, scratch })
+            Ok(Fetched {
+                origin: origin_of(&manifest),
+                state: manifest.state,
+                dir,
+                scratch,
+            })
         }
     }
 }
@@ -209,7 +252,9 @@ pub fn origin_of(m: &Manifest) -> Origin {
 }
 
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -35,11 +35,28 @@ pub struct SavepointManifest {
 }
 
 /// Writes `raw` as a NEW savepoint into `out_dir` (which must not exist or be empty).
-pub fn write(raw: &RawSnapshot, origin: &Origin, operation: &str, out_dir: &Path) -> anyhow::Result<SavepointManifest> {
-    if out_dir.exists() && out_dir.read_dir().with_context(|| format!("reading {}", out_dir.display()))?.next().is_some() {
-        bail!("savepoint directory {} is not empty: a savepoint is always written new", out_dir.display());
+pub fn write(
+    raw: &RawSnapshot,
+    origin: &Origin,
+    operation: &str,
+    out_dir: &Path,
+) -> anyhow::Result<SavepointManifest> {
+    if out_dir.exists()
+        && out_dir
+            .read_dir()
+            .with_context(|| format!("reading {}", out_dir.display()))?
+            .next()
+            .is_some()
+    {
+        bail!(
+            "savepoint directory {} is not empty: a savepoint is always written new",
+            out_dir.display()
+        );
     }
-    let work = tempfile::Builder::new().prefix("streamstate-savepoint-").tempdir().context("scratch directory")?;
+    let work = tempfile::Builder::new()
+        .prefix("streamstate-savepoint-")
+        .tempdir()
+        .context("scratch directory")?;
     let state = raw.write_savepoint(raw.checkpoint_id, work.path(), out_dir)?;
     let manifest = SavepointManifest {
         format: FORMAT.into(),
@@ -50,7 +67,8 @@ pub fn write(raw: &RawSnapshot, origin: &Origin, operation: &str, out_dir: &Path
         state,
     };
     let path = out_dir.join(MANIFEST_FILE);
-    std::fs::write(&path, serde_json::to_vec_pretty(&manifest)?).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, serde_json::to_vec_pretty(&manifest)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(manifest)
 }
 
@@ -59,18 +77,30 @@ pub fn write(raw: &RawSnapshot, origin: &Origin, operation: &str, out_dir: &Path
 pub fn read(dir: &Path) -> anyhow::Result<(Origin, SnapshotResult)> {
     let path = dir.join(MANIFEST_FILE);
     if path.is_file() {
-        let m: SavepointManifest = serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)
-            .with_context(|| format!("parsing {}", path.display()))?;
+        let m: SavepointManifest = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?;
         if m.format != FORMAT || m.format_version != FORMAT_VERSION {
-            bail!("{}: unknown format {} v{}", path.display(), m.format, m.format_version);
+            bail!(
+                "{}: unknown format {} v{}",
+                path.display(),
+                m.format,
+                m.format_version
+            );
         }
         return Ok((m.origin, m.state));
     }
     let state_path: PathBuf = dir.join(SAVEPOINT_MANIFEST);
-    let state: SnapshotResult = serde_json::from_slice(
-        &std::fs::read(&state_path).with_context(|| format!("{} is not a savepoint directory: reading {}", dir.display(), state_path.display()))?,
-    )
-    .with_context(|| format!("parsing {}", state_path.display()))?;
+    let state: SnapshotResult =
+        serde_json::from_slice(&std::fs::read(&state_path).with_context(|| {
+            format!(
+                "{} is not a savepoint directory: reading {}",
+                dir.display(),
+                state_path.display()
+            )
+        })?)
+        .with_context(|| format!("parsing {}", state_path.display()))?;
     let origin = Origin {
         source: dir.display().to_string(),
         app_id: String::new(),

@@ -64,7 +64,10 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
     let report = match op {
         Op::Rekey { max_parallelism: n } => {
             let n = *n;
-            ensure!((1..=MAX_MAX_PARALLELISM).contains(&n), "max_parallelism {n} not in 1..={MAX_MAX_PARALLELISM}");
+            ensure!(
+                (1..=MAX_MAX_PARALLELISM).contains(&n),
+                "max_parallelism {n} not in 1..={MAX_MAX_PARALLELISM}"
+            );
             let old = raw.max_parallelism;
             for e in &mut entries {
                 let kg = key_group_for(e.key(), n);
@@ -75,14 +78,20 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
             json!({"operation": "rekey", "max_parallelism": {"from": old, "to": n}, "key_group_range": raw.key_group_range, "entries": entries.len()})
         }
         Op::DropState { name } => {
-            ensure!(raw.state(name).is_some(), "no state '{name}' in the snapshot");
+            ensure!(
+                raw.state(name).is_some(),
+                "no state '{name}' in the snapshot"
+            );
             raw.states.retain(|s| &s.name != name);
             let before = entries.len();
             entries.retain(|e| !matches!(e, Entry::State { state, .. } if state == name));
             json!({"operation": "drop-state", "state": name, "entries_removed": before - entries.len()})
         }
         Op::RenameState { from, to } => {
-            ensure!(raw.state(from).is_some(), "no state '{from}' in the snapshot");
+            ensure!(
+                raw.state(from).is_some(),
+                "no state '{from}' in the snapshot"
+            );
             ensure!(raw.state(to).is_none(), "state '{to}' already exists");
             ensure!(!to.is_empty(), "the new name is empty");
             for s in &mut raw.states {
@@ -101,8 +110,16 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
             }
             json!({"operation": "rename-state", "from": from, "to": to, "entries": n})
         }
-        Op::AddTtl { name, ttl, last_access_ms } => {
-            let meta = raw.states.iter_mut().find(|s| &s.name == name).ok_or_else(|| anyhow::anyhow!("no state '{name}' in the snapshot"))?;
+        Op::AddTtl {
+            name,
+            ttl,
+            last_access_ms,
+        } => {
+            let meta = raw
+                .states
+                .iter_mut()
+                .find(|s| &s.name == name)
+                .ok_or_else(|| anyhow::anyhow!("no state '{name}' in the snapshot"))?;
             if meta.ttl.is_some() {
                 bail!("state '{name}' already has a TTL");
             }
@@ -124,7 +141,11 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
             json!({"operation": "add-ttl", "state": name, "ttl_ms": d.as_millis() as u64, "last_access_ms": ts, "expires_at_ms": ts.saturating_add(d.as_millis() as u64), "entries": n})
         }
         Op::DeleteKey { key, hex: is_hex } => {
-            let k = if *is_hex { hex::decode(key)? } else { key.as_bytes().to_vec() };
+            let k = if *is_hex {
+                hex::decode(key)?
+            } else {
+                key.as_bytes().to_vec()
+            };
             let mut removed: BTreeMap<(String, String), u64> = BTreeMap::new();
             let mut timers = 0u64;
             entries.retain(|e| {
@@ -132,13 +153,21 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
                     return true;
                 }
                 match e {
-                    Entry::State { state, namespace, .. } => *removed.entry((state.clone(), hex::encode(namespace))).or_default() += 1,
+                    Entry::State {
+                        state, namespace, ..
+                    } => {
+                        *removed
+                            .entry((state.clone(), hex::encode(namespace)))
+                            .or_default() += 1
+                    }
                     Entry::Timer { .. } => timers += 1,
                 }
                 false
             });
-            let by_state: Vec<Value> =
-                removed.iter().map(|((s, ns), n)| json!({"state": s, "namespace_hex": ns, "entries": n})).collect();
+            let by_state: Vec<Value> = removed
+                .iter()
+                .map(|((s, ns), n)| json!({"state": s, "namespace_hex": ns, "entries": n}))
+                .collect();
             let total: u64 = removed.values().sum::<u64>() + timers;
             json!({
                 "operation": "delete-key",

@@ -12,7 +12,9 @@ use crate::config::Config;
 /// could not run (storage unreachable, unknown checkpoint).
 pub fn problems(config: &Config, from: &str) -> anyhow::Result<(String, Vec<String>)> {
     let storage = open_storage(config)?;
-    let scratch = tempfile::Builder::new().prefix("streamstate-verify-").tempdir()?;
+    let scratch = tempfile::Builder::new()
+        .prefix("streamstate-verify-")
+        .tempdir()?;
     let (label, dir, state) = match resolve(storage.as_ref(), from)? {
         SourceRef::Savepoint(dir) => {
             let (_, state) = super::savepoint_out::read(&dir)?;
@@ -21,7 +23,9 @@ pub fn problems(config: &Config, from: &str) -> anyhow::Result<(String, Vec<Stri
         SourceRef::Checkpoint(c) => {
             let manifest = match storage.read_manifest(&c) {
                 Ok(m) => m,
-                Err(e @ (CheckpointError::BadManifest { .. } | CheckpointError::Missing { .. })) => return Ok((c.to_string(), vec![e.to_string()])),
+                Err(
+                    e @ (CheckpointError::BadManifest { .. } | CheckpointError::Missing { .. }),
+                ) => return Ok((c.to_string(), vec![e.to_string()])),
                 Err(e) => return Err(e.into()),
             };
             let dir = scratch.path().join("files");
@@ -31,11 +35,20 @@ pub fn problems(config: &Config, from: &str) -> anyhow::Result<(String, Vec<Stri
             (c.to_string(), dir, manifest.state)
         }
     };
-    let mut out: Vec<String> = verify_snapshot(&dir, &state).into_iter().map(|e| e.to_string()).collect();
+    let mut out: Vec<String> = verify_snapshot(&dir, &state)
+        .into_iter()
+        .map(|e| e.to_string())
+        .collect();
     if out.is_empty() {
         match RawSnapshot::read_meta(&dir) {
-            Ok(meta) if meta.max_parallelism != state.max_parallelism || meta.key_group_range != state.key_group_range => {
-                out.push(format!("{}: disagrees with the manifest (key groups)", dir.join(streamstate_state::snapshot::META_FILE).display()))
+            Ok(meta)
+                if meta.max_parallelism != state.max_parallelism
+                    || meta.key_group_range != state.key_group_range =>
+            {
+                out.push(format!(
+                    "{}: disagrees with the manifest (key groups)",
+                    dir.join(streamstate_state::snapshot::META_FILE).display()
+                ))
             }
             Ok(_) => {}
             Err(e) => out.push(e.to_string()),
@@ -43,7 +56,10 @@ pub fn problems(config: &Config, from: &str) -> anyhow::Result<(String, Vec<Stri
     }
     // Name files by their path inside the snapshot, not the scratch copy.
     let scratch_prefix = format!("{}/", dir.display());
-    let out = out.into_iter().map(|p| p.replace(&scratch_prefix, "")).collect();
+    let out = out
+        .into_iter()
+        .map(|p| p.replace(&scratch_prefix, ""))
+        .collect();
     Ok((label, out))
 }
 
@@ -56,5 +72,10 @@ pub fn run(config: &Config, from: &str) -> anyhow::Result<()> {
     for p in &problems {
         println!("{label}: FAILED: {p}");
     }
-    Err(Refused(format!("{label}: {} problem(s); first: {}", problems.len(), problems[0])).into())
+    Err(Refused(format!(
+        "{label}: {} problem(s); first: {}",
+        problems.len(),
+        problems[0]
+    ))
+    .into())
 }

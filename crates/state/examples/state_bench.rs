@@ -28,7 +28,9 @@ impl AggregateFunction for Sum {
 }
 
 fn keys(n: u64) -> Vec<Vec<u8>> {
-    (0..n).map(|i| format!("user-{i:08}").into_bytes()).collect()
+    (0..n)
+        .map(|i| format!("user-{i:08}").into_bytes())
+        .collect()
 }
 
 fn rate(label: &str, kind: BackendKind, ops: u64, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -40,18 +42,30 @@ fn rate(label: &str, kind: BackendKind, ops: u64, f: impl FnOnce() -> Result<()>
 }
 
 fn main() -> Result<()> {
-    let snapshot_keys: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let snapshot_keys: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
     let ops: u64 = 300_000;
     let ks = keys(100_000);
     let tmp = std::env::temp_dir().join(format!("streamstate-bench-{}", std::process::id()));
     println!("backend\tstate kind (set_current_key + op)\tthroughput");
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
-        let store = StateStore::open_with_clock(StoreConfig::new(kind, tmp.join(format!("{kind:?}")), 128), Arc::new(ManualClock::new(1)))?;
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(kind, tmp.join(format!("{kind:?}")), 128),
+            Arc::new(ManualClock::new(1)),
+        )?;
         let v = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
-        let vt = store.value_state(&ValueStateDescriptor::<u64>::new("count-ttl").with_ttl(TtlConfig::new(std::time::Duration::from_secs(60))))?;
+        let vt = store.value_state(
+            &ValueStateDescriptor::<u64>::new("count-ttl")
+                .with_ttl(TtlConfig::new(std::time::Duration::from_secs(60))),
+        )?;
         let l = store.list_state(&ListStateDescriptor::<u64>::new("list"))?;
         let m = store.map_state(&MapStateDescriptor::<u32, u64>::new("map"))?;
-        let r = store.reducing_state(&ReducingStateDescriptor::new("reduce", |a: &u64, b: &u64| a + b))?;
+        let r = store.reducing_state(&ReducingStateDescriptor::new(
+            "reduce",
+            |a: &u64, b: &u64| a + b,
+        ))?;
         let a = store.aggregating_state(&AggregatingStateDescriptor::new("agg", Sum))?;
         let n = ks.len() as u64;
         let key = |i: u64| &ks[(i.wrapping_mul(2_654_435_761) % n) as usize];
@@ -117,7 +131,11 @@ fn main() -> Result<()> {
         drop(store);
 
         // Snapshots of `snapshot_keys` keys.
-        let store = StateStore::open(StoreConfig::new(kind, tmp.join(format!("{kind:?}-snap")), 128))?;
+        let store = StateStore::open(StoreConfig::new(
+            kind,
+            tmp.join(format!("{kind:?}-snap")),
+            128,
+        ))?;
         let v = store.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
         let big = keys(snapshot_keys);
         let t = Instant::now();
@@ -136,10 +154,23 @@ fn main() -> Result<()> {
         let t = Instant::now();
         let second = store.snapshot(2, &tmp.join(format!("{kind:?}-chk-2")))?;
         let second_time = t.elapsed();
-        let old: HashSet<(String, String)> = first.files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect();
-        let new_bytes: u64 = second.files.iter().filter(|f| !old.contains(&(f.path.clone(), f.sha256.clone()))).map(|f| f.size).sum();
+        let old: HashSet<(String, String)> = first
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.sha256.clone()))
+            .collect();
+        let new_bytes: u64 = second
+            .files
+            .iter()
+            .filter(|f| !old.contains(&(f.path.clone(), f.sha256.clone())))
+            .map(|f| f.size)
+            .sum();
         let t = Instant::now();
-        let restored = StateStore::open(StoreConfig::new(kind, tmp.join(format!("{kind:?}-restore")), 128))?;
+        let restored = StateStore::open(StoreConfig::new(
+            kind,
+            tmp.join(format!("{kind:?}-restore")),
+            128,
+        ))?;
         restored.restore(&[(tmp.join(format!("{kind:?}-chk-2")), second.clone())])?;
         let restore_time = t.elapsed();
         println!(

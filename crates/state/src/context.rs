@@ -18,7 +18,10 @@ impl<'a> KeyedContext<'a> {
     pub fn new(store: &'a StateStore) -> Self {
         Self { store }
     }
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> ReadOnlyBroadcastState<K, V> {
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> ReadOnlyBroadcastState<K, V> {
         self.store.read_only_broadcast_state(d)
     }
     pub fn register_event_time_timer(&self, ts: u64) -> crate::Result<()> {
@@ -47,7 +50,10 @@ impl<'a> BroadcastContext<'a> {
     pub fn new(store: &'a StateStore) -> Self {
         Self { store }
     }
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> BroadcastState<K, V> {
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> BroadcastState<K, V> {
         self.store.broadcast_state(d)
     }
 }

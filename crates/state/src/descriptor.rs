@@ -39,7 +39,12 @@ pub struct ValueStateDescriptor<T> {
 
 impl<T> ValueStateDescriptor<T> {
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), default: None, ttl: None, schema: Schema::default() }
+        Self {
+            name: name.into(),
+            default: None,
+            ttl: None,
+            schema: Schema::default(),
+        }
     }
     pub fn with_default(mut self, default: T) -> Self {
         self.default = Some(default);
@@ -56,13 +61,23 @@ impl<T> ValueStateDescriptor<T> {
         self
     }
     /// Rewrites values stored under `from_version` (postcard bytes) on restore.
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.schema = self.schema.with_migration(from_version, f);
         self
     }
     /// What this descriptor registers, known without a store (for `check-restore`).
     pub fn declaration(&self) -> StateDeclaration {
-        StateDeclaration::new(&self.name, StateKind::Value, self.ttl.clone(), &value_type_name::<T>(), &self.schema)
+        StateDeclaration::new(
+            &self.name,
+            StateKind::Value,
+            self.ttl.clone(),
+            &value_type_name::<T>(),
+            &self.schema,
+        )
     }
 }
 
@@ -78,7 +93,12 @@ pub struct ListStateDescriptor<T> {
 
 impl<T> ListStateDescriptor<T> {
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), ttl: None, schema: Schema::default(), _t: Default::default() }
+        Self {
+            name: name.into(),
+            ttl: None,
+            schema: Schema::default(),
+            _t: Default::default(),
+        }
     }
     pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
         self.ttl = Some(ttl);
@@ -91,13 +111,23 @@ impl<T> ListStateDescriptor<T> {
         self
     }
     /// Rewrites values stored under `from_version` (postcard bytes) on restore.
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.schema = self.schema.with_migration(from_version, f);
         self
     }
     /// What this descriptor registers, known without a store (for `check-restore`).
     pub fn declaration(&self) -> StateDeclaration {
-        StateDeclaration::new(&self.name, StateKind::List, self.ttl.clone(), &value_type_name::<T>(), &self.schema)
+        StateDeclaration::new(
+            &self.name,
+            StateKind::List,
+            self.ttl.clone(),
+            &value_type_name::<T>(),
+            &self.schema,
+        )
     }
 }
 
@@ -114,7 +144,12 @@ pub struct MapStateDescriptor<K, V> {
 
 impl<K, V> MapStateDescriptor<K, V> {
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), ttl: None, schema: Schema::default(), _t: Default::default() }
+        Self {
+            name: name.into(),
+            ttl: None,
+            schema: Schema::default(),
+            _t: Default::default(),
+        }
     }
     pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
         self.ttl = Some(ttl);
@@ -127,13 +162,27 @@ impl<K, V> MapStateDescriptor<K, V> {
         self
     }
     /// Rewrites values stored under `from_version` (postcard bytes) on restore.
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.schema = self.schema.with_migration(from_version, f);
         self
     }
     /// What this descriptor registers, known without a store (for `check-restore`).
     pub fn declaration(&self) -> StateDeclaration {
-        StateDeclaration::new(&self.name, StateKind::Map, self.ttl.clone(), &format!("map<{}, {}>", std::any::type_name::<K>(), std::any::type_name::<V>()), &self.schema)
+        StateDeclaration::new(
+            &self.name,
+            StateKind::Map,
+            self.ttl.clone(),
+            &format!(
+                "map<{}, {}>",
+                std::any::type_name::<K>(),
+                std::any::type_name::<V>()
+            ),
+            &self.schema,
+        )
     }
 }
 
@@ -151,13 +200,26 @@ pub struct ReducingStateDescriptor<T> {
 
 impl<T> Clone for ReducingStateDescriptor<T> {
     fn clone(&self) -> Self {
-        Self { name: self.name.clone(), reduce: self.reduce.clone(), ttl: self.ttl.clone(), schema: self.schema.clone() }
+        Self {
+            name: self.name.clone(),
+            reduce: self.reduce.clone(),
+            ttl: self.ttl.clone(),
+            schema: self.schema.clone(),
+        }
     }
 }
 
 impl<T> ReducingStateDescriptor<T> {
-    pub fn new(name: impl Into<String>, reduce: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Self {
-        Self { name: name.into(), reduce: Arc::new(reduce), ttl: None, schema: Schema::default() }
+    pub fn new(
+        name: impl Into<String>,
+        reduce: impl Fn(&T, &T) -> T + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            reduce: Arc::new(reduce),
+            ttl: None,
+            schema: Schema::default(),
+        }
     }
     pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
         self.ttl = Some(ttl);
@@ -170,13 +232,23 @@ impl<T> ReducingStateDescriptor<T> {
         self
     }
     /// Rewrites values stored under `from_version` (postcard bytes) on restore.
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.schema = self.schema.with_migration(from_version, f);
         self
     }
     /// What this descriptor registers, known without a store (for `check-restore`).
     pub fn declaration(&self) -> StateDeclaration {
-        StateDeclaration::new(&self.name, StateKind::Reducing, self.ttl.clone(), &value_type_name::<T>(), &self.schema)
+        StateDeclaration::new(
+            &self.name,
+            StateKind::Reducing,
+            self.ttl.clone(),
+            &value_type_name::<T>(),
+            &self.schema,
+        )
     }
 }
 
@@ -203,13 +275,23 @@ pub struct AggregatingStateDescriptor<F> {
 
 impl<F> Clone for AggregatingStateDescriptor<F> {
     fn clone(&self) -> Self {
-        Self { name: self.name.clone(), function: self.function.clone(), ttl: self.ttl.clone(), schema: self.schema.clone() }
+        Self {
+            name: self.name.clone(),
+            function: self.function.clone(),
+            ttl: self.ttl.clone(),
+            schema: self.schema.clone(),
+        }
     }
 }
 
 impl<F: AggregateFunction> AggregatingStateDescriptor<F> {
     pub fn new(name: impl Into<String>, function: F) -> Self {
-        Self { name: name.into(), function: Arc::new(function), ttl: None, schema: Schema::default() }
+        Self {
+            name: name.into(),
+            function: Arc::new(function),
+            ttl: None,
+            schema: Schema::default(),
+        }
     }
     pub fn with_ttl(mut self, ttl: TtlConfig) -> Self {
         self.ttl = Some(ttl);
@@ -222,13 +304,23 @@ impl<F: AggregateFunction> AggregatingStateDescriptor<F> {
         self
     }
     /// Rewrites values stored under `from_version` (postcard bytes) on restore.
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.schema = self.schema.with_migration(from_version, f);
         self
     }
     /// What this descriptor registers, known without a store (for `check-restore`).
     pub fn declaration(&self) -> StateDeclaration {
-        StateDeclaration::new(&self.name, StateKind::Aggregating, self.ttl.clone(), &value_type_name::<F::Acc>(), &self.schema)
+        StateDeclaration::new(
+            &self.name,
+            StateKind::Aggregating,
+            self.ttl.clone(),
+            &value_type_name::<F::Acc>(),
+            &self.schema,
+        )
     }
 }
 

@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 
 use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
-use crate::keygroup::key_group_for;
 use crate::keyed::StateValue;
+use crate::keygroup::key_group_for;
 use crate::layout;
 use crate::store::StateStore;
 use crate::ttl::{StateVisibility, TS_LEN, read_ts};
@@ -99,18 +99,30 @@ impl StateStore {
                 continue;
             }
             let codec = g.decoders.get(&meta.name).copied();
-            let malformed = || StateError::Invalid(format!("state '{}': malformed storage key", meta.name));
+            let malformed =
+                || StateError::Invalid(format!("state '{}': malformed storage key", meta.name));
             let mut entries = Vec::new();
             // One stored payload (with its TTL timestamp when the state has TTL)
             // → (value bytes, expires_at, expired), or None when it must stay hidden.
             let ttl_view = |stored: &[u8]| -> Result<Option<(Vec<u8>, Value, bool)>> {
-                let Some(ttl) = &meta.ttl else { return Ok(Some((stored.to_vec(), Value::Null, false))) };
-                let ts = read_ts(stored).ok_or_else(|| StateError::Invalid(format!("state '{}': value without TTL timestamp", meta.name)))?;
+                let Some(ttl) = &meta.ttl else {
+                    return Ok(Some((stored.to_vec(), Value::Null, false)));
+                };
+                let ts = read_ts(stored).ok_or_else(|| {
+                    StateError::Invalid(format!(
+                        "state '{}': value without TTL timestamp",
+                        meta.name
+                    ))
+                })?;
                 let expired = ttl.is_expired(ts, now);
                 if expired && ttl.visibility == StateVisibility::NeverReturnExpired {
                     return Ok(None);
                 }
-                Ok(Some((stored[TS_LEN..].to_vec(), json!(ts.saturating_add(ttl.ttl_ms)), expired)))
+                Ok(Some((
+                    stored[TS_LEN..].to_vec(),
+                    json!(ts.saturating_add(ttl.ttl_ms)),
+                    expired,
+                )))
             };
             for (k, v) in &raw {
                 let rest = &k[prefix.len()..];
@@ -118,7 +130,9 @@ impl StateStore {
                 let ns = rest.get(n..n + ns_len as usize).ok_or_else(malformed)?;
                 let user_key = &rest[n + ns_len as usize..];
                 let mut push = |extra: Option<(&str, Value)>, stored: &[u8]| -> Result<()> {
-                    let Some((bytes, expires_at, expired)) = ttl_view(stored)? else { return Ok(()) };
+                    let Some((bytes, expires_at, expired)) = ttl_view(stored)? else {
+                        return Ok(());
+                    };
                     let mut e = Map::new();
                     e.insert("namespace".into(), namespace(ns));
                     if let Some((name, v)) = extra {
@@ -138,7 +152,10 @@ impl StateStore {
                             push(Some(("index", json!(i))), element)?;
                         }
                     }
-                    StateKind::Map => push(Some(("map_key", show(codec.and_then(|c| c.map_key), user_key))), v)?,
+                    StateKind::Map => push(
+                        Some(("map_key", show(codec.and_then(|c| c.map_key), user_key))),
+                        v,
+                    )?,
                     _ => push(None, v)?,
                 }
             }

@@ -19,34 +19,121 @@ pub trait StateValue: Serialize + DeserializeOwned + Send + Sync + 'static {}
 impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {}
 
 impl StateStore {
-    pub fn value_state<T: StateValue + Clone>(&self, d: &ValueStateDescriptor<T>) -> Result<ValueState<T>> {
-        let meta = self.register(&d.name, StateKind::Value, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
-        self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
-        Ok(ValueState { store: self.clone(), meta, default: d.default.clone() })
+    pub fn value_state<T: StateValue + Clone>(
+        &self,
+        d: &ValueStateDescriptor<T>,
+    ) -> Result<ValueState<T>> {
+        let meta = self.register(
+            &d.name,
+            StateKind::Value,
+            d.ttl.clone(),
+            (d.declaration().schema, &d.schema),
+        )?;
+        self.register_codec(
+            &d.name,
+            JsonCodec {
+                value: decode_json::<T>,
+                map_key: None,
+            },
+        );
+        Ok(ValueState {
+            store: self.clone(),
+            meta,
+            default: d.default.clone(),
+        })
     }
     pub fn list_state<T: StateValue>(&self, d: &ListStateDescriptor<T>) -> Result<ListState<T>> {
-        let meta = self.register(&d.name, StateKind::List, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
-        self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
-        Ok(ListState { store: self.clone(), meta, _t: PhantomData })
+        let meta = self.register(
+            &d.name,
+            StateKind::List,
+            d.ttl.clone(),
+            (d.declaration().schema, &d.schema),
+        )?;
+        self.register_codec(
+            &d.name,
+            JsonCodec {
+                value: decode_json::<T>,
+                map_key: None,
+            },
+        );
+        Ok(ListState {
+            store: self.clone(),
+            meta,
+            _t: PhantomData,
+        })
     }
-    pub fn map_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> Result<MapState<K, V>> {
-        let meta = self.register(&d.name, StateKind::Map, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
-        self.register_codec(&d.name, JsonCodec { value: decode_json::<V>, map_key: Some(decode_json::<K>) });
-        Ok(MapState { store: self.clone(), meta, _t: PhantomData })
+    pub fn map_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> Result<MapState<K, V>> {
+        let meta = self.register(
+            &d.name,
+            StateKind::Map,
+            d.ttl.clone(),
+            (d.declaration().schema, &d.schema),
+        )?;
+        self.register_codec(
+            &d.name,
+            JsonCodec {
+                value: decode_json::<V>,
+                map_key: Some(decode_json::<K>),
+            },
+        );
+        Ok(MapState {
+            store: self.clone(),
+            meta,
+            _t: PhantomData,
+        })
     }
-    pub fn reducing_state<T: StateValue>(&self, d: &ReducingStateDescriptor<T>) -> Result<ReducingState<T>> {
-        let meta = self.register(&d.name, StateKind::Reducing, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
-        self.register_codec(&d.name, JsonCodec { value: decode_json::<T>, map_key: None });
-        Ok(ReducingState { store: self.clone(), meta, reduce: d.reduce.clone() })
+    pub fn reducing_state<T: StateValue>(
+        &self,
+        d: &ReducingStateDescriptor<T>,
+    ) -> Result<ReducingState<T>> {
+        let meta = self.register(
+            &d.name,
+            StateKind::Reducing,
+            d.ttl.clone(),
+            (d.declaration().schema, &d.schema),
+        )?;
+        self.register_codec(
+            &d.name,
+            JsonCodec {
+                value: decode_json::<T>,
+                map_key: None,
+            },
+        );
+        Ok(ReducingState {
+            store: self.clone(),
+            meta,
+            reduce: d.reduce.clone(),
+        })
     }
-    pub fn aggregating_state<F>(&self, d: &AggregatingStateDescriptor<F>) -> Result<AggregatingState<F>>
+    pub fn aggregating_state<F>(
+        &self,
+        d: &AggregatingStateDescriptor<F>,
+    ) -> Result<AggregatingState<F>>
     where
         F: AggregateFunction,
         F::Acc: StateValue,
     {
-        let meta = self.register(&d.name, StateKind::Aggregating, d.ttl.clone(), (d.declaration().schema, &d.schema))?;
-        self.register_codec(&d.name, JsonCodec { value: decode_json::<F::Acc>, map_key: None });
-        Ok(AggregatingState { store: self.clone(), meta, function: d.function.clone() })
+        let meta = self.register(
+            &d.name,
+            StateKind::Aggregating,
+            d.ttl.clone(),
+            (d.declaration().schema, &d.schema),
+        )?;
+        self.register_codec(
+            &d.name,
+            JsonCodec {
+                value: decode_json::<F::Acc>,
+                map_key: None,
+            },
+        );
+        Ok(AggregatingState {
+            store: self.clone(),
+            meta,
+            function: d.function.clone(),
+        })
     }
 }
 
@@ -94,7 +181,10 @@ impl<T: StateValue> ListState<T> {
     pub fn get(&self) -> Result<Vec<T>> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        g.get_list(&self.meta)?.iter().map(|b| de(b, &self.meta.name)).collect()
+        g.get_list(&self.meta)?
+            .iter()
+            .map(|b| de(b, &self.meta.name))
+            .collect()
     }
     /// Appends without reading (a RocksDB merge).
     pub fn add(&self, value: &T) -> Result<()> {
@@ -124,7 +214,11 @@ impl<T: StateValue> ListState<T> {
             g.frame_element(&self.meta, v, now)?;
         }
         let g = &mut *g;
-        if values.is_empty() { g.backend.delete(&g.kbuf) } else { g.backend.put(&g.kbuf, &g.sbuf) }
+        if values.is_empty() {
+            g.backend.delete(&g.kbuf)
+        } else {
+            g.backend.put(&g.kbuf, &g.sbuf)
+        }
     }
     pub fn clear(&self) -> Result<()> {
         let mut g = self.store.lock();
@@ -199,7 +293,10 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
         let mut out = Vec::with_capacity(raw.len());
         if self.meta.ttl.is_none() {
             for (k, v) in raw {
-                out.push((de(&k[prefix_len..], &self.meta.name)?, de(&v, &self.meta.name)?));
+                out.push((
+                    de(&k[prefix_len..], &self.meta.name)?,
+                    de(&v, &self.meta.name)?,
+                ));
             }
             return Ok(out);
         }
@@ -208,7 +305,10 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
             g.kbuf.clear();
             g.kbuf.extend_from_slice(&k);
             if let Some(off) = g.get_entry(&self.meta, false)? {
-                out.push((de(&k[prefix_len..], &self.meta.name)?, de(&g.vbuf[off..], &self.meta.name)?));
+                out.push((
+                    de(&k[prefix_len..], &self.meta.name)?,
+                    de(&g.vbuf[off..], &self.meta.name)?,
+                ));
             }
         }
         Ok(out)
@@ -304,7 +404,11 @@ pub struct AggregatingState<F: AggregateFunction> {
 
 impl<F: AggregateFunction> Clone for AggregatingState<F> {
     fn clone(&self) -> Self {
-        Self { store: self.store.clone(), meta: self.meta.clone(), function: self.function.clone() }
+        Self {
+            store: self.store.clone(),
+            meta: self.meta.clone(),
+            function: self.function.clone(),
+        }
     }
 }
 
@@ -317,7 +421,10 @@ where
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
         match g.get_entry(&self.meta, false)? {
-            Some(off) => Ok(Some(self.function.get_result(&de::<F::Acc>(&g.vbuf[off..], &self.meta.name)?))),
+            Some(off) => Ok(Some(
+                self.function
+                    .get_result(&de::<F::Acc>(&g.vbuf[off..], &self.meta.name)?),
+            )),
             None => Ok(None),
         }
     }

@@ -114,7 +114,10 @@ mod tests {
             (b"foobar", -790332482),
             (b"a-little-bit-long-string", -985981536),
             (b"a-little-bit-longer-string", -1486304829),
-            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58897971,
+            ),
             (b"abc", 479470107),
         ];
         for (data, expected) in cases {
@@ -146,7 +149,13 @@ mod tests {
                 assert_eq!(next, mp);
             }
         }
-        assert_eq!(KeyGroupRange::for_instance(128, 3, 0), KeyGroupRange::new(0, 42));
-        assert_eq!(KeyGroupRange::for_instance(128, 3, 2), KeyGroupRange::new(86, 127));
+        assert_eq!(
+            KeyGroupRange::for_instance(128, 3, 0),
+            KeyGroupRange::new(0, 42)
+        );
+        assert_eq!(
+            KeyGroupRange::for_instance(128, 3, 2),
+            KeyGroupRange::new(86, 127)
+        );
     }
 }

@@ -57,7 +57,14 @@ pub(crate) fn encode_prefix(out: &mut Vec<u8>, kg: u32, state: u16, key: &[u8], 
     out.extend_from_slice(ns);
 }
 
-pub(crate) fn encode_timer(out: &mut Vec<u8>, kg: u32, domain: u16, ts: u64, key: &[u8], ns: &[u8]) {
+pub(crate) fn encode_timer(
+    out: &mut Vec<u8>,
+    kg: u32,
+    domain: u16,
+    ts: u64,
+    key: &[u8],
+    ns: &[u8],
+) {
     out.clear();
     out.extend_from_slice(&(kg as u16).to_be_bytes());
     out.extend_from_slice(&domain.to_be_bytes());
@@ -102,7 +109,14 @@ pub(crate) fn decode_key(buf: &[u8]) -> Result<KeyParts<'_>> {
     pos += n;
     let ns = buf.get(pos..pos + nlen as usize).ok_or_else(bad)?;
     let rest = &buf[pos + nlen as usize..];
-    Ok(KeyParts { kg, state, ts, key, ns, rest })
+    Ok(KeyParts {
+        kg,
+        state,
+        ts,
+        key,
+        ns,
+        rest,
+    })
 }
 
 /// First key strictly after every key that starts with `prefix`.
@@ -120,7 +134,11 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// Start and end (exclusive) of a key-group range in storage-key space.
 pub(crate) fn key_group_bounds(start: u32, end: u32) -> (Vec<u8>, Vec<u8>) {
     let s = (start as u16).to_be_bytes().to_vec();
-    let e = if end + 1 > u16::MAX as u32 { vec![0xFF, 0xFF, 0xFF] } else { ((end + 1) as u16).to_be_bytes().to_vec() };
+    let e = if end + 1 > u16::MAX as u32 {
+        vec![0xFF, 0xFF, 0xFF]
+    } else {
+        ((end + 1) as u16).to_be_bytes().to_vec()
+    };
     (s, e)
 }
 
@@ -134,7 +152,8 @@ pub(crate) fn list_elements(buf: &[u8]) -> Result<Vec<&[u8]>> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < buf.len() {
-        let (len, n) = get_varint(&buf[pos..]).ok_or_else(|| StateError::Invalid("malformed list value".into()))?;
+        let (len, n) = get_varint(&buf[pos..])
+            .ok_or_else(|| StateError::Invalid("malformed list value".into()))?;
         pos += n;
         let e = buf
             .get(pos..pos + len as usize)
@@ -161,7 +180,10 @@ mod tests {
         let mut t = Vec::new();
         encode_timer(&mut t, 7, TIMER_EVENT, 42, b"k", b"w");
         let p = decode_key(&t).unwrap();
-        assert_eq!((p.kg, p.state, p.ts, p.key, p.ns), (7, TIMER_EVENT, Some(42), &b"k"[..], &b"w"[..]));
+        assert_eq!(
+            (p.kg, p.state, p.ts, p.key, p.ns),
+            (7, TIMER_EVENT, Some(42), &b"k"[..], &b"w"[..])
+        );
     }
 
     #[test]

@@ -96,7 +96,9 @@ pub mod timers;
 pub mod ttl;
 
 pub use backend::BackendKind;
-pub use checkpointed::{CheckpointedFunction, FunctionInitializationContext, FunctionSnapshotContext};
+pub use checkpointed::{
+    CheckpointedFunction, FunctionInitializationContext, FunctionSnapshotContext,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{BroadcastContext, KeyedContext};
 pub use descriptor::*;
@@ -104,8 +106,8 @@ pub use error::{Result, StateError};
 pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue, ValueState};
 pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
-pub use snapshot::{KeyedFormat, SnapshotFile, SnapshotResult};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
+pub use snapshot::{KeyedFormat, SnapshotFile, SnapshotResult};
 pub use store::{StateMeta, StateStore, StoreConfig};
 pub use timers::{TimeDomain, Timer};
 pub use ttl::{CleanupStrategies, StateVisibility, TtlConfig, UpdateType};

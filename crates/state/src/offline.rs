@@ -18,7 +18,10 @@ use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID, TIMER_EVENT, TIMER_PROCESSING};
 use crate::operator::{OperatorList, OperatorStates};
-use crate::snapshot::{HexList, KEYED_FILE, KeyedFormat, META_FILE, MetaFile, SnapshotResult, read_canonical, read_meta, verify_file};
+use crate::snapshot::{
+    HexList, KEYED_FILE, KeyedFormat, META_FILE, MetaFile, SnapshotResult, read_canonical,
+    read_meta, verify_file,
+};
 use crate::store::{StateMeta, StateStore, StoreConfig};
 use crate::timers::TimeDomain;
 use crate::ttl::{TS_LEN, read_ts};
@@ -66,14 +69,18 @@ impl Entry {
 pub fn split_value(kind: StateKind, has_ttl: bool, v: &[u8]) -> Result<Vec<(Option<u64>, &[u8])>> {
     fn one(b: &[u8], has_ttl: bool) -> Result<(Option<u64>, &[u8])> {
         if has_ttl {
-            let ts = read_ts(b).ok_or_else(|| StateError::Invalid("value without TTL timestamp".into()))?;
+            let ts = read_ts(b)
+                .ok_or_else(|| StateError::Invalid("value without TTL timestamp".into()))?;
             Ok((Some(ts), &b[TS_LEN..]))
         } else {
             Ok((None, b))
         }
     }
     if kind == StateKind::List {
-        layout::list_elements(v)?.into_iter().map(|e| one(e, has_ttl)).collect()
+        layout::list_elements(v)?
+            .into_iter()
+            .map(|e| one(e, has_ttl))
+            .collect()
     } else {
         Ok(vec![one(v, has_ttl)?])
     }
@@ -103,7 +110,11 @@ pub fn join_value(kind: StateKind, parts: &[(Option<u64>, Vec<u8>)]) -> Vec<u8> 
 /// Verifies every file a snapshot lists (presence, size, SHA-256); returns
 /// every failure, each naming its file.
 pub fn verify_snapshot(dir: &Path, result: &SnapshotResult) -> Vec<StateError> {
-    result.files.iter().filter_map(|f| verify_file(dir, f).err()).collect()
+    result
+        .files
+        .iter()
+        .filter_map(|f| verify_file(dir, f).err())
+        .collect()
 }
 
 /// A whole snapshot part in memory: its meta and raw storage entries.
@@ -142,7 +153,8 @@ impl RawSnapshot {
         match result.keyed_format {
             KeyedFormat::Canonical => read_canonical(&dir.join(KEYED_FILE), &mut put)?,
             KeyedFormat::RocksdbCheckpoint => {
-                let (start, end) = layout::key_group_bounds(meta.key_group_range.start, meta.key_group_range.end);
+                let (start, end) =
+                    layout::key_group_bounds(meta.key_group_range.start, meta.key_group_range.end);
                 std::fs::create_dir_all(scratch).at(scratch)?;
                 scan_checkpoint(&dir.join("db"), scratch, &start, &end, &mut put)?
             }
@@ -170,23 +182,40 @@ impl RawSnapshot {
         if parts.state == TIMER_EVENT || parts.state == TIMER_PROCESSING {
             return Ok(Entry::Timer {
                 key_group: parts.kg,
-                domain: if parts.state == TIMER_EVENT { TimeDomain::EventTime } else { TimeDomain::ProcessingTime },
+                domain: if parts.state == TIMER_EVENT {
+                    TimeDomain::EventTime
+                } else {
+                    TimeDomain::ProcessingTime
+                },
                 timestamp: parts.ts.unwrap_or(0),
                 key: parts.key.to_vec(),
                 namespace: parts.ns.to_vec(),
             });
         }
         if parts.state >= FIRST_RESERVED_ID {
-            return Err(StateError::Invalid(format!("reserved state id {:#x} in storage key {}", parts.state, hex::encode(k))));
+            return Err(StateError::Invalid(format!(
+                "reserved state id {:#x} in storage key {}",
+                parts.state,
+                hex::encode(k)
+            )));
         }
         let meta = self
             .states
             .iter()
             .find(|s| s.id == parts.state)
-            .ok_or_else(|| StateError::Invalid(format!("state id {} not registered in the snapshot", parts.state)))?;
+            .ok_or_else(|| {
+                StateError::Invalid(format!(
+                    "state id {} not registered in the snapshot",
+                    parts.state
+                ))
+            })?;
         let user_key = (meta.kind == StateKind::Map).then(|| parts.rest.to_vec());
         if meta.kind != StateKind::Map && !parts.rest.is_empty() {
-            return Err(StateError::Invalid(format!("state '{}': trailing bytes in storage key {}", meta.name, hex::encode(k))));
+            return Err(StateError::Invalid(format!(
+                "state '{}': trailing bytes in storage key {}",
+                meta.name,
+                hex::encode(k)
+            )));
         }
         let values = split_value(meta.kind, meta.ttl.is_some(), v)
             .map_err(|e| StateError::Invalid(format!("state '{}': {e}", meta.name)))?
@@ -206,14 +235,23 @@ impl RawSnapshot {
 
     /// Every entry, decoded, in storage order.
     pub fn decoded(&self) -> Result<Vec<Entry>> {
-        self.entries.iter().map(|(k, v)| self.decode(k, v)).collect()
+        self.entries
+            .iter()
+            .map(|(k, v)| self.decode(k, v))
+            .collect()
     }
 
     /// Encodes `entry` for this snapshot's state registry.
     pub fn encode(&self, entry: &Entry) -> Result<(Vec<u8>, Vec<u8>)> {
         let mut k = Vec::new();
         match entry {
-            Entry::Timer { key_group, domain, timestamp, key, namespace } => {
+            Entry::Timer {
+                key_group,
+                domain,
+                timestamp,
+                key,
+                namespace,
+            } => {
                 let d = match domain {
                     TimeDomain::EventTime => TIMER_EVENT,
                     TimeDomain::ProcessingTime => TIMER_PROCESSING,
@@ -221,19 +259,42 @@ impl RawSnapshot {
                 layout::encode_timer(&mut k, *key_group, d, *timestamp, key, namespace);
                 Ok((k, Vec::new()))
             }
-            Entry::State { key_group, state, kind, key, namespace, user_key, values } => {
-                let meta = self.state(state).ok_or_else(|| StateError::Invalid(format!("state '{state}' is not declared")))?;
+            Entry::State {
+                key_group,
+                state,
+                kind,
+                key,
+                namespace,
+                user_key,
+                values,
+            } => {
+                let meta = self.state(state).ok_or_else(|| {
+                    StateError::Invalid(format!("state '{state}' is not declared"))
+                })?;
                 if meta.kind != *kind {
-                    return Err(StateError::KindMismatch { name: state.clone(), existing: meta.kind.to_string(), requested: kind.to_string() });
+                    return Err(StateError::KindMismatch {
+                        name: state.clone(),
+                        existing: meta.kind.to_string(),
+                        requested: kind.to_string(),
+                    });
                 }
-                if values.iter().any(|(ts, _)| ts.is_some() != meta.ttl.is_some()) {
-                    return Err(StateError::Invalid(format!("state '{state}': TTL timestamps must be given exactly when the state has TTL")));
+                if values
+                    .iter()
+                    .any(|(ts, _)| ts.is_some() != meta.ttl.is_some())
+                {
+                    return Err(StateError::Invalid(format!(
+                        "state '{state}': TTL timestamps must be given exactly when the state has TTL"
+                    )));
                 }
                 if *kind != StateKind::List && values.len() != 1 {
-                    return Err(StateError::Invalid(format!("state '{state}': a {kind} entry has exactly one value")));
+                    return Err(StateError::Invalid(format!(
+                        "state '{state}': a {kind} entry has exactly one value"
+                    )));
                 }
                 if (*kind == StateKind::Map) != user_key.is_some() {
-                    return Err(StateError::Invalid(format!("state '{state}': a user key is given exactly for map state")));
+                    return Err(StateError::Invalid(format!(
+                        "state '{state}': a user key is given exactly for map state"
+                    )));
                 }
                 layout::encode_prefix(&mut k, *key_group, meta.id, key, namespace);
                 if let Some(uk) = user_key {
@@ -250,7 +311,10 @@ impl RawSnapshot {
         for e in entries {
             let (k, v) = self.encode(e)?;
             if out.insert(k.clone(), v).is_some() {
-                return Err(StateError::Invalid(format!("duplicate entry for storage key {}", hex::encode(k))));
+                return Err(StateError::Invalid(format!(
+                    "duplicate entry for storage key {}",
+                    hex::encode(k)
+                )));
             }
         }
         self.entries = out;
@@ -260,7 +324,12 @@ impl RawSnapshot {
     /// Writes this snapshot as a canonical savepoint into `out_dir` (with
     /// `savepoint.json`), via a hashmap store opened in `work_dir`. Every
     /// entry is written as it is: no TTL cleanup happens on the way.
-    pub fn write_savepoint(&self, savepoint_id: u64, work_dir: &Path, out_dir: &Path) -> Result<SnapshotResult> {
+    pub fn write_savepoint(
+        &self,
+        savepoint_id: u64,
+        work_dir: &Path,
+        out_dir: &Path,
+    ) -> Result<SnapshotResult> {
         for k in self.entries.keys() {
             let kg = u16::from_be_bytes([k[0], k[1]]) as u32;
             if !self.key_group_range.contains(kg) || kg >= self.max_parallelism {
@@ -287,13 +356,27 @@ impl RawSnapshot {
             for s in &self.states {
                 g.install(Arc::new(s.clone()));
             }
-            let entries: Vec<(Vec<u8>, Vec<u8>)> = self.entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = self
+                .entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             g.backend.put_many(&entries)?;
             let bad = |e: hex::FromHexError| StateError::Invalid(format!("operator state: {e}"));
             let mut lists = BTreeMap::new();
             for (name, l) in &self.operator_lists {
-                let entries = l.entries.iter().map(|e| hex::decode(e).map_err(bad)).collect::<Result<Vec<_>>>()?;
-                lists.insert(name.clone(), OperatorList { mode: l.mode, entries });
+                let entries = l
+                    .entries
+                    .iter()
+                    .map(|e| hex::decode(e).map_err(bad))
+                    .collect::<Result<Vec<_>>>()?;
+                lists.insert(
+                    name.clone(),
+                    OperatorList {
+                        mode: l.mode,
+                        entries,
+                    },
+                );
             }
             let mut broadcast = BTreeMap::new();
             for (name, m) in &self.broadcast {
@@ -307,7 +390,10 @@ impl RawSnapshot {
             g.rebuild_timer_index()?;
         }
         if out_dir.join(META_FILE).exists() {
-            return Err(StateError::Invalid(format!("{} already holds a snapshot", out_dir.display())));
+            return Err(StateError::Invalid(format!(
+                "{} already holds a snapshot",
+                out_dir.display()
+            )));
         }
         store.write_savepoint(savepoint_id, out_dir)
     }

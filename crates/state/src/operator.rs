@@ -50,9 +50,20 @@ impl StateStore {
         self.operator_list(name, Redistribution::Union)
     }
 
-    fn operator_list<T: StateValue>(&self, name: &str, mode: Redistribution) -> Result<OperatorListState<T>> {
+    fn operator_list<T: StateValue>(
+        &self,
+        name: &str,
+        mode: Redistribution,
+    ) -> Result<OperatorListState<T>> {
         let mut g = self.lock();
-        let entry = g.operator.lists.entry(name.to_string()).or_insert(OperatorList { mode, entries: Vec::new() });
+        let entry = g
+            .operator
+            .lists
+            .entry(name.to_string())
+            .or_insert(OperatorList {
+                mode,
+                entries: Vec::new(),
+            });
         if entry.mode != mode {
             return Err(crate::StateError::KindMismatch {
                 name: name.into(),
@@ -60,18 +71,42 @@ impl StateStore {
                 requested: format!("{mode:?}"),
             });
         }
-        Ok(OperatorListState { store: self.clone(), name: name.to_string(), _t: PhantomData })
+        Ok(OperatorListState {
+            store: self.clone(),
+            name: name.to_string(),
+            _t: PhantomData,
+        })
     }
 
     /// The writable broadcast state (broadcast side only).
-    pub fn broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> BroadcastState<K, V> {
-        self.lock().operator.broadcast.entry(d.name.clone()).or_default();
-        BroadcastState { read: ReadOnlyBroadcastState { store: self.clone(), name: d.name.clone(), _t: PhantomData } }
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> BroadcastState<K, V> {
+        self.lock()
+            .operator
+            .broadcast
+            .entry(d.name.clone())
+            .or_default();
+        BroadcastState {
+            read: ReadOnlyBroadcastState {
+                store: self.clone(),
+                name: d.name.clone(),
+                _t: PhantomData,
+            },
+        }
     }
 
     /// The read-only view of a broadcast state (keyed side).
-    pub fn read_only_broadcast_state<K: StateValue, V: StateValue>(&self, d: &MapStateDescriptor<K, V>) -> ReadOnlyBroadcastState<K, V> {
-        ReadOnlyBroadcastState { store: self.clone(), name: d.name.clone(), _t: PhantomData }
+    pub fn read_only_broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> ReadOnlyBroadcastState<K, V> {
+        ReadOnlyBroadcastState {
+            store: self.clone(),
+            name: d.name.clone(),
+            _t: PhantomData,
+        }
     }
 }
 
@@ -86,7 +121,14 @@ pub struct OperatorListState<T> {
 impl<T: StateValue> OperatorListState<T> {
     fn with<R>(&self, f: impl FnOnce(&mut OperatorList) -> R) -> R {
         let mut g = self.store.lock();
-        let l = g.operator.lists.entry(self.name.clone()).or_insert(OperatorList { mode: Redistribution::EvenSplit, entries: Vec::new() });
+        let l = g
+            .operator
+            .lists
+            .entry(self.name.clone())
+            .or_insert(OperatorList {
+                mode: Redistribution::EvenSplit,
+                entries: Vec::new(),
+            });
         f(l)
     }
     pub fn get(&self) -> Result<Vec<T>> {
@@ -144,7 +186,12 @@ impl<K: StateValue, V: StateValue> ReadOnlyBroadcastState<K, V> {
         let mut kb = Vec::new();
         ser_append(&mut kb, key, &self.name)?;
         let g = self.store.lock();
-        match g.operator.broadcast.get(&self.name).and_then(|m| m.get(&kb)) {
+        match g
+            .operator
+            .broadcast
+            .get(&self.name)
+            .and_then(|m| m.get(&kb))
+        {
             Some(v) => Ok(Some(de(v, &self.name)?)),
             None => Ok(None),
         }
@@ -154,8 +201,12 @@ impl<K: StateValue, V: StateValue> ReadOnlyBroadcastState<K, V> {
     }
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
         let g = self.store.lock();
-        let Some(m) = g.operator.broadcast.get(&self.name) else { return Ok(Vec::new()) };
-        m.iter().map(|(k, v)| Ok((de(k, &self.name)?, de(v, &self.name)?))).collect()
+        let Some(m) = g.operator.broadcast.get(&self.name) else {
+            return Ok(Vec::new());
+        };
+        m.iter()
+            .map(|(k, v)| Ok((de(k, &self.name)?, de(v, &self.name)?)))
+            .collect()
     }
 }
 
@@ -179,7 +230,14 @@ impl<K: StateValue, V: StateValue> BroadcastState<K, V> {
         ser_append(&mut kb, key, name)?;
         let mut vb = Vec::new();
         ser_append(&mut vb, value, name)?;
-        self.read.store.lock().operator.broadcast.entry(name.clone()).or_default().insert(kb, vb);
+        self.read
+            .store
+            .lock()
+            .operator
+            .broadcast
+            .entry(name.clone())
+            .or_default()
+            .insert(kb, vb);
         Ok(())
     }
     pub fn remove(&self, key: &K) -> Result<()> {
@@ -192,7 +250,14 @@ impl<K: StateValue, V: StateValue> BroadcastState<K, V> {
         Ok(())
     }
     pub fn clear(&self) {
-        if let Some(m) = self.read.store.lock().operator.broadcast.get_mut(&self.read.name) {
+        if let Some(m) = self
+            .read
+            .store
+            .lock()
+            .operator
+            .broadcast
+            .get_mut(&self.read.name)
+        {
             m.clear();
         }
     }

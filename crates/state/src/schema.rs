@@ -46,7 +46,11 @@ pub struct SchemaMeta {
 impl SchemaMeta {
     pub fn new(value_type: &str, version: u32) -> Self {
         let h = Sha256::digest(value_type.as_bytes());
-        Self { version, fingerprint: hex::encode(&h[..16]), value_type: value_type.to_string() }
+        Self {
+            version,
+            fingerprint: hex::encode(&h[..16]),
+            value_type: value_type.to_string(),
+        }
     }
 }
 
@@ -63,13 +67,19 @@ pub struct Schema {
 
 impl Default for Schema {
     fn default() -> Self {
-        Self { version: 1, migrations: BTreeMap::new() }
+        Self {
+            version: 1,
+            migrations: BTreeMap::new(),
+        }
     }
 }
 
 impl std::fmt::Debug for Schema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Schema").field("version", &self.version).field("migrates_from", &self.migrations.keys().collect::<Vec<_>>()).finish()
+        f.debug_struct("Schema")
+            .field("version", &self.version)
+            .field("migrates_from", &self.migrations.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -78,7 +88,11 @@ impl Schema {
         self.version = version;
         self
     }
-    pub fn with_migration(mut self, from_version: u32, f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+    pub fn with_migration(
+        mut self,
+        from_version: u32,
+        f: impl Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
         self.migrations.insert(from_version, Arc::new(f));
         self
     }
@@ -89,7 +103,8 @@ impl Schema {
         convert: impl Fn(Old) -> New + Send + Sync + 'static,
     ) -> Self {
         self.with_migration(from_version, move |bytes| {
-            let old: Old = postcard::from_bytes(bytes).map_err(|e| format!("decode v{from_version}: {e}"))?;
+            let old: Old =
+                postcard::from_bytes(bytes).map_err(|e| format!("decode v{from_version}: {e}"))?;
             postcard::to_allocvec(&convert(old)).map_err(|e| e.to_string())
         })
     }
@@ -108,7 +123,13 @@ pub struct StateDeclaration {
 }
 
 impl StateDeclaration {
-    pub fn new(name: &str, kind: StateKind, ttl: Option<TtlConfig>, value_type: &str, schema: &Schema) -> Self {
+    pub fn new(
+        name: &str,
+        kind: StateKind,
+        ttl: Option<TtlConfig>,
+        value_type: &str,
+        schema: &Schema,
+    ) -> Self {
         Self {
             name: name.to_string(),
             kind,
@@ -132,12 +153,17 @@ pub enum SchemaChange {
 
 /// The one rule the store (at registration) and `check-restore` (offline) share.
 pub fn compare(old: Option<&SchemaMeta>, new: &SchemaMeta, migrates_from: &[u32]) -> SchemaChange {
-    let Some(old) = old else { return SchemaChange::Keep };
+    let Some(old) = old else {
+        return SchemaChange::Keep;
+    };
     if old.version == new.version && old.fingerprint == new.fingerprint {
         return SchemaChange::Keep;
     }
     if old.version < new.version && migrates_from.contains(&old.version) {
-        return SchemaChange::Migrate { from: old.version, to: new.version };
+        return SchemaChange::Migrate {
+            from: old.version,
+            to: new.version,
+        };
     }
     if old.version == new.version {
         return SchemaChange::Incompatible(format!(
@@ -168,15 +194,31 @@ mod tests {
 
     fn v2() -> ValueStateDescriptor<CountV2> {
         let mut d = ValueStateDescriptor::<CountV2>::new("count").with_schema_version(2);
-        d.schema = d.schema.with_serde_migration::<u64, CountV2>(1, |n| CountV2 { n, last_seen: None });
+        d.schema = d
+            .schema
+            .with_serde_migration::<u64, CountV2>(1, |n| CountV2 { n, last_seen: None });
         d
     }
 
-    fn v1_snapshot(dir: &std::path::Path, backend: BackendKind) -> (std::path::PathBuf, SnapshotResult) {
+    fn v1_snapshot(
+        dir: &std::path::Path,
+        backend: BackendKind,
+    ) -> (std::path::PathBuf, SnapshotResult) {
         let clock = ManualClock::new(1_000);
-        let store = StateStore::open_with_clock(StoreConfig::new(backend, dir.join("a"), 8), Arc::new(clock)).unwrap();
-        let c = store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
-        let t = store.list_state(&ListStateDescriptor::<u32>::new("seen").with_ttl(TtlConfig::new(Duration::from_secs(10)))).unwrap();
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(backend, dir.join("a"), 8),
+            Arc::new(clock),
+        )
+        .unwrap();
+        let c = store
+            .value_state(&ValueStateDescriptor::<u64>::new("count"))
+            .unwrap();
+        let t = store
+            .list_state(
+                &ListStateDescriptor::<u32>::new("seen")
+                    .with_ttl(TtlConfig::new(Duration::from_secs(10))),
+            )
+            .unwrap();
         for i in 0..50u64 {
             store.set_current_key(format!("k{i}").as_bytes()).unwrap();
             c.update(&i).unwrap();
@@ -187,8 +229,16 @@ mod tests {
         (out, r)
     }
 
-    fn restored(dir: &std::path::Path, snap: &(std::path::PathBuf, SnapshotResult), clock: &ManualClock) -> StateStore {
-        let store = StateStore::open_with_clock(StoreConfig::new(BackendKind::Rocksdb, dir, 8), Arc::new(clock.clone())).unwrap();
+    fn restored(
+        dir: &std::path::Path,
+        snap: &(std::path::PathBuf, SnapshotResult),
+        clock: &ManualClock,
+    ) -> StateStore {
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(BackendKind::Rocksdb, dir, 8),
+            Arc::new(clock.clone()),
+        )
+        .unwrap();
         store.restore(std::slice::from_ref(snap)).unwrap();
         store
     }
@@ -205,12 +255,22 @@ mod tests {
             let store = restored(&dir.path().join("b"), &snap, &clock);
             let c = store.value_state(&v2()).unwrap();
             // TTL'd list with a bumped version and an element migration u32 -> u64.
-            let mut ld = ListStateDescriptor::<u64>::new("seen").with_ttl(TtlConfig::new(Duration::from_secs(10))).with_schema_version(2);
-            ld.schema = ld.schema.with_serde_migration::<u32, u64>(1, |x| x as u64 * 10);
+            let mut ld = ListStateDescriptor::<u64>::new("seen")
+                .with_ttl(TtlConfig::new(Duration::from_secs(10)))
+                .with_schema_version(2);
+            ld.schema = ld
+                .schema
+                .with_serde_migration::<u32, u64>(1, |x| x as u64 * 10);
             let l = store.list_state(&ld).unwrap();
             for i in 0..50u64 {
                 store.set_current_key(format!("k{i}").as_bytes()).unwrap();
-                assert_eq!(c.value().unwrap(), Some(CountV2 { n: i, last_seen: None }));
+                assert_eq!(
+                    c.value().unwrap(),
+                    Some(CountV2 {
+                        n: i,
+                        last_seen: None
+                    })
+                );
                 assert_eq!(l.get().unwrap(), vec![i * 10]);
             }
             // TTL timestamps were kept: written at 1_000, expired at 11_000.
@@ -220,7 +280,13 @@ mod tests {
             // Registering again (a second open) does not migrate twice.
             let c2 = store.value_state(&v2()).unwrap();
             store.set_current_key(b"k4").unwrap();
-            assert_eq!(c2.value().unwrap(), Some(CountV2 { n: 4, last_seen: None }));
+            assert_eq!(
+                c2.value().unwrap(),
+                Some(CountV2 {
+                    n: 4,
+                    last_seen: None
+                })
+            );
             // The next snapshot records version 2.
             store.snapshot(2, &dir.path().join("snap2")).unwrap();
             let meta = crate::offline::RawSnapshot::read_meta(&dir.path().join("snap2")).unwrap();
@@ -234,12 +300,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let snap = v1_snapshot(dir.path(), BackendKind::Rocksdb);
         let store = restored(&dir.path().join("b"), &snap, &ManualClock::new(2_000));
-        let err = store.value_state(&ValueStateDescriptor::<String>::new("count")).err().unwrap().to_string();
-        assert!(err.contains("'count'") && err.contains("u64") && err.contains("String"), "{err}");
-        let err = store.value_state(&ValueStateDescriptor::<u64>::new("count").with_schema_version(2)).err().unwrap().to_string();
+        let err = store
+            .value_state(&ValueStateDescriptor::<String>::new("count"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("'count'") && err.contains("u64") && err.contains("String"),
+            "{err}"
+        );
+        let err = store
+            .value_state(&ValueStateDescriptor::<u64>::new("count").with_schema_version(2))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("no migration from version 1"), "{err}");
         // Unchanged still works.
-        store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+        store
+            .value_state(&ValueStateDescriptor::<u64>::new("count"))
+            .unwrap();
     }
 
     #[test]
@@ -252,7 +331,13 @@ mod tests {
         store.restore(std::slice::from_ref(&snap)).unwrap();
         let c = store.value_state(&v2()).unwrap();
         store.set_current_key(b"k9").unwrap();
-        assert_eq!(c.value().unwrap(), Some(CountV2 { n: 9, last_seen: None }));
+        assert_eq!(
+            c.value().unwrap(),
+            Some(CountV2 {
+                n: 9,
+                last_seen: None
+            })
+        );
     }
 
     #[test]
@@ -261,7 +346,8 @@ mod tests {
         let (snap, r) = v1_snapshot(dir.path(), BackendKind::Hashmap);
         // Strip the schemas, as a snapshot written before they existed; fix the checksum.
         let path = snap.join(crate::snapshot::META_FILE);
-        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         for s in v["states"].as_array_mut().unwrap() {
             s.as_object_mut().unwrap().remove("schema");
         }
@@ -275,7 +361,9 @@ mod tests {
             }
         }
         let store = restored(&dir.path().join("b"), &(snap, r), &ManualClock::new(2_000));
-        let c = store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+        let c = store
+            .value_state(&ValueStateDescriptor::<u64>::new("count"))
+            .unwrap();
         store.set_current_key(b"k2").unwrap();
         assert_eq!(c.value().unwrap(), Some(2));
     }

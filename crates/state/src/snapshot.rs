@@ -145,20 +145,38 @@ fn sha256_file(path: &Path) -> Result<(u64, String)> {
 
 fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<SnapshotFile> {
     let file = File::create(path).at(path)?;
-    let mut w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, file), hasher: Sha256::new(), size: 0 };
+    let mut w = HashingWriter {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        hasher: Sha256::new(),
+        size: 0,
+    };
     f(&mut w)?;
     w.flush().at(path)?;
-    let HashingWriter { inner, hasher, size } = w;
-    let file = inner.into_inner().map_err(|e| StateError::Io { path: path.to_path_buf(), source: e.into_error() })?;
+    let HashingWriter {
+        inner,
+        hasher,
+        size,
+    } = w;
+    let file = inner.into_inner().map_err(|e| StateError::Io {
+        path: path.to_path_buf(),
+        source: e.into_error(),
+    })?;
     file.sync_all().at(path)?;
-    Ok(SnapshotFile { path: String::new(), size, sha256: hex::encode(hasher.finalize()) })
+    Ok(SnapshotFile {
+        path: String::new(),
+        size,
+        sha256: hex::encode(hasher.finalize()),
+    })
 }
 
 impl Inner {
     /// Writes keyed state and timers of the owned range in the canonical
     /// format, leaving out entries expired under a full-snapshot cleanup.
     fn write_canonical(&mut self, path: &Path) -> Result<SnapshotFile> {
-        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
+        let (start, end) = layout::key_group_bounds(
+            self.config.key_group_range.start,
+            self.config.key_group_range.end,
+        );
         let now = self.clock.now_ms();
         let by_id = self.by_id.clone();
         let backend = &mut self.backend;
@@ -172,7 +190,12 @@ impl Inner {
                 let step = (|| -> Result<()> {
                     let id = u16::from_be_bytes([k[2], k[3]]);
                     let mut value = std::borrow::Cow::Borrowed(v);
-                    if let Some(ttl) = by_id.get(&id).and_then(|m| m.ttl.as_ref().filter(|t| t.cleanup.full_snapshot).map(|t| (m.kind, t))) {
+                    if let Some(ttl) = by_id.get(&id).and_then(|m| {
+                        m.ttl
+                            .as_ref()
+                            .filter(|t| t.cleanup.full_snapshot)
+                            .map(|t| (m.kind, t))
+                    }) {
                         match expire_value(ttl.0, ttl.1, v, now)? {
                             Expiry::Keep => {}
                             Expiry::Remove => return Ok(()),
@@ -224,21 +247,45 @@ impl Inner {
                 .operator
                 .lists
                 .iter()
-                .map(|(n, l)| (n.clone(), HexList { mode: l.mode, entries: l.entries.iter().map(hex::encode).collect() }))
+                .map(|(n, l)| {
+                    (
+                        n.clone(),
+                        HexList {
+                            mode: l.mode,
+                            entries: l.entries.iter().map(hex::encode).collect(),
+                        },
+                    )
+                })
                 .collect(),
             broadcast: self
                 .operator
                 .broadcast
                 .iter()
-                .map(|(n, m)| (n.clone(), m.iter().map(|(k, v)| (hex::encode(k), hex::encode(v))).collect()))
+                .map(|(n, m)| {
+                    (
+                        n.clone(),
+                        m.iter()
+                            .map(|(k, v)| (hex::encode(k), hex::encode(v)))
+                            .collect(),
+                    )
+                })
                 .collect(),
         }
     }
 
-    fn snapshot_into(&mut self, checkpoint_id: u64, dir: &Path, canonical: bool) -> Result<SnapshotResult> {
+    fn snapshot_into(
+        &mut self,
+        checkpoint_id: u64,
+        dir: &Path,
+        canonical: bool,
+    ) -> Result<SnapshotResult> {
         std::fs::create_dir_all(dir).at(dir)?;
         let mut files = Vec::new();
-        let native = if canonical { None } else { self.backend.native_snapshot(dir)? };
+        let native = if canonical {
+            None
+        } else {
+            self.backend.native_snapshot(dir)?
+        };
         let keyed_format = match native {
             Some(paths) => {
                 for rel in paths {
@@ -246,7 +293,11 @@ impl Inner {
                     let full = dir.join(&rel);
                     let is_sst = name.ends_with(".sst");
                     let size = std::fs::metadata(&full).at(&full)?.len();
-                    let cached = if is_sst { self.sha_cache.get(&name).filter(|c| c.0 == size).cloned() } else { None };
+                    let cached = if is_sst {
+                        self.sha_cache.get(&name).filter(|c| c.0 == size).cloned()
+                    } else {
+                        None
+                    };
                     let (size, sha) = match cached {
                         Some(c) => c,
                         None => {
@@ -257,7 +308,11 @@ impl Inner {
                             c
                         }
                     };
-                    files.push(SnapshotFile { path: name, size, sha256: sha });
+                    files.push(SnapshotFile {
+                        path: name,
+                        size,
+                        sha256: sha,
+                    });
                 }
                 KeyedFormat::RocksdbCheckpoint
             }
@@ -271,7 +326,8 @@ impl Inner {
         let meta = self.meta_file(checkpoint_id, keyed_format);
         let meta_path = dir.join(META_FILE);
         let mut mf = write_hashed(&meta_path, |w| {
-            serde_json::to_writer_pretty(&mut *w, &meta).map_err(|e| StateError::Invalid(e.to_string()))
+            serde_json::to_writer_pretty(&mut *w, &meta)
+                .map_err(|e| StateError::Invalid(e.to_string()))
         })?;
         mf.path = META_FILE.into();
         files.push(mf);
@@ -292,14 +348,23 @@ impl Inner {
 pub(crate) fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
     let path = dir.join(&f.path);
     if !path.is_file() {
-        return Err(StateError::Corrupt { path, reason: "file is missing".into() });
+        return Err(StateError::Corrupt {
+            path,
+            reason: "file is missing".into(),
+        });
     }
     let (size, sha) = sha256_file(&path)?;
     if size != f.size {
-        return Err(StateError::Corrupt { path, reason: format!("size {size} != expected {}", f.size) });
+        return Err(StateError::Corrupt {
+            path,
+            reason: format!("size {size} != expected {}", f.size),
+        });
     }
     if sha != f.sha256 {
-        return Err(StateError::Corrupt { path, reason: format!("SHA-256 {sha} != expected {}", f.sha256) });
+        return Err(StateError::Corrupt {
+            path,
+            reason: format!("SHA-256 {sha} != expected {}", f.sha256),
+        });
     }
     Ok(())
 }
@@ -307,16 +372,26 @@ pub(crate) fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
 pub(crate) fn read_meta(dir: &Path) -> Result<MetaFile> {
     let path = dir.join(META_FILE);
     let file = File::open(&path).at(&path)?;
-    let meta: MetaFile = serde_json::from_reader(BufReader::new(file)).map_err(|e| StateError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+    let meta: MetaFile =
+        serde_json::from_reader(BufReader::new(file)).map_err(|e| StateError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
     if meta.format != "streamstate-state-meta" || meta.version != FORMAT_VERSION {
-        return Err(StateError::Corrupt { path, reason: format!("unknown format {} v{}", meta.format, meta.version) });
+        return Err(StateError::Corrupt {
+            path,
+            reason: format!("unknown format {} v{}", meta.format, meta.version),
+        });
     }
     Ok(meta)
 }
 
 /// Reads a canonical keyed file, calling `f` for every record.
 pub(crate) fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> Result<()> {
-    let corrupt = |reason: &str| StateError::Corrupt { path: path.to_path_buf(), reason: reason.into() };
+    let corrupt = |reason: &str| StateError::Corrupt {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    };
     let mut data = Vec::new();
     File::open(path).at(path)?.read_to_end(&mut data).at(path)?;
     if data.len() < 8 || &data[..4] != MAGIC {
@@ -331,8 +406,11 @@ pub(crate) fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> R
         match data.get(pos) {
             None => return Err(corrupt("truncated: no trailer")),
             Some(0) => {
-                let t = data.get(pos + 1..pos + 9).ok_or_else(|| corrupt("truncated trailer"))?;
-                let expected = u64::from_le_bytes(t.try_into().map_err(|_| corrupt("truncated trailer"))?);
+                let t = data
+                    .get(pos + 1..pos + 9)
+                    .ok_or_else(|| corrupt("truncated trailer"))?;
+                let expected =
+                    u64::from_le_bytes(t.try_into().map_err(|_| corrupt("truncated trailer"))?);
                 if expected != count || data.len() != pos + 9 {
                     return Err(corrupt("record count mismatch"));
                 }
@@ -340,13 +418,19 @@ pub(crate) fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> R
             }
             Some(1) => {
                 pos += 1;
-                let (kl, n) = layout::get_varint(&data[pos..]).ok_or_else(|| corrupt("truncated record"))?;
+                let (kl, n) =
+                    layout::get_varint(&data[pos..]).ok_or_else(|| corrupt("truncated record"))?;
                 pos += n;
-                let k = data.get(pos..pos + kl as usize).ok_or_else(|| corrupt("truncated record"))?;
+                let k = data
+                    .get(pos..pos + kl as usize)
+                    .ok_or_else(|| corrupt("truncated record"))?;
                 pos += kl as usize;
-                let (vl, n) = layout::get_varint(data.get(pos..).unwrap_or(&[])).ok_or_else(|| corrupt("truncated record"))?;
+                let (vl, n) = layout::get_varint(data.get(pos..).unwrap_or(&[]))
+                    .ok_or_else(|| corrupt("truncated record"))?;
                 pos += n;
-                let v = data.get(pos..pos + vl as usize).ok_or_else(|| corrupt("truncated record"))?;
+                let v = data
+                    .get(pos..pos + vl as usize)
+                    .ok_or_else(|| corrupt("truncated record"))?;
                 pos += vl as usize;
                 if k.len() < 4 {
                     return Err(corrupt("short key"));
@@ -359,15 +443,25 @@ pub(crate) fn read_canonical(path: &Path, f: crate::backend::EntrySink<'_>) -> R
     }
 }
 
-fn redistribute(lists: Vec<(u32, u32, BTreeMap<String, HexList>)>, index: u32, count: u32) -> Result<BTreeMap<String, OperatorList>> {
-    let decode = |s: &String| hex::decode(s).map_err(|e| StateError::Invalid(format!("operator state: {e}")));
+fn redistribute(
+    lists: Vec<(u32, u32, BTreeMap<String, HexList>)>,
+    index: u32,
+    count: u32,
+) -> Result<BTreeMap<String, OperatorList>> {
+    let decode = |s: &String| {
+        hex::decode(s).map_err(|e| StateError::Invalid(format!("operator state: {e}")))
+    };
     let same_parallelism = lists.len() as u32 == count && lists.iter().all(|(_, c, _)| *c == count);
     type PartsByName = BTreeMap<String, (Redistribution, Vec<(u32, Vec<Vec<u8>>)>)>;
     let mut by_name: PartsByName = BTreeMap::new();
     for (old_index, _, l) in lists {
         for (name, hl) in l {
             let entries = hl.entries.iter().map(decode).collect::<Result<Vec<_>>>()?;
-            by_name.entry(name).or_insert((hl.mode, Vec::new())).1.push((old_index, entries));
+            by_name
+                .entry(name)
+                .or_insert((hl.mode, Vec::new()))
+                .1
+                .push((old_index, entries));
         }
     }
     let mut out = BTreeMap::new();
@@ -375,7 +469,11 @@ fn redistribute(lists: Vec<(u32, u32, BTreeMap<String, HexList>)>, index: u32, c
         parts.sort_by_key(|p| p.0);
         let entries = match mode {
             Redistribution::Union => parts.into_iter().flat_map(|p| p.1).collect(),
-            Redistribution::EvenSplit if same_parallelism => parts.into_iter().filter(|p| p.0 == index).flat_map(|p| p.1).collect(),
+            Redistribution::EvenSplit if same_parallelism => parts
+                .into_iter()
+                .filter(|p| p.0 == index)
+                .flat_map(|p| p.1)
+                .collect(),
             Redistribution::EvenSplit => {
                 let all: Vec<Vec<u8>> = parts.into_iter().flat_map(|p| p.1).collect();
                 let n = all.len() as u64;
@@ -403,7 +501,8 @@ impl StateStore {
     pub fn write_savepoint(&self, savepoint_id: u64, dir: &Path) -> Result<SnapshotResult> {
         let result = self.lock().snapshot_into(savepoint_id, dir, true)?;
         let path = dir.join(SAVEPOINT_MANIFEST);
-        let json = serde_json::to_vec_pretty(&result).map_err(|e| StateError::Invalid(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(&result).map_err(|e| StateError::Invalid(e.to_string()))?;
         std::fs::write(&path, json).at(&path)?;
         Ok(result)
     }
@@ -414,7 +513,11 @@ impl StateStore {
         for d in dirs {
             let path = d.join(SAVEPOINT_MANIFEST);
             let bytes = std::fs::read(&path).at(&path)?;
-            let r: SnapshotResult = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+            let r: SnapshotResult =
+                serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
             parts.push((d.clone(), r));
         }
         self.restore(&parts)
@@ -434,7 +537,11 @@ impl StateStore {
         let mut metas = Vec::with_capacity(parts.len());
         for (dir, r) in parts {
             if r.format_version != FORMAT_VERSION {
-                return Err(StateError::Incompatible(format!("{}: format version {}", dir.display(), r.format_version)));
+                return Err(StateError::Incompatible(format!(
+                    "{}: format version {}",
+                    dir.display(),
+                    r.format_version
+                )));
             }
             if r.max_parallelism != g.config.max_parallelism {
                 return Err(StateError::Incompatible(format!(
@@ -445,18 +552,27 @@ impl StateStore {
                 )));
             }
             let needed = r.key_group_range.intersects(&range);
-            let meta_entry = r.files.iter().find(|f| f.path == META_FILE).ok_or_else(|| StateError::Corrupt {
-                path: dir.join(META_FILE),
-                reason: "not listed in the snapshot".into(),
-            })?;
+            let meta_entry = r
+                .files
+                .iter()
+                .find(|f| f.path == META_FILE)
+                .ok_or_else(|| StateError::Corrupt {
+                    path: dir.join(META_FILE),
+                    reason: "not listed in the snapshot".into(),
+                })?;
             for f in &r.files {
                 if needed || std::ptr::eq(f, meta_entry) {
                     verify_file(dir, f)?;
                 }
             }
             let meta = read_meta(dir)?;
-            if meta.max_parallelism != r.max_parallelism || meta.key_group_range != r.key_group_range {
-                return Err(StateError::Corrupt { path: dir.join(META_FILE), reason: "disagrees with the snapshot result".into() });
+            if meta.max_parallelism != r.max_parallelism
+                || meta.key_group_range != r.key_group_range
+            {
+                return Err(StateError::Corrupt {
+                    path: dir.join(META_FILE),
+                    reason: "disagrees with the snapshot result".into(),
+                });
             }
             metas.push((dir.clone(), r.clone(), meta, needed));
         }
@@ -469,16 +585,30 @@ impl StateStore {
             for s in &meta.states {
                 let id = match states.get(&s.name).cloned() {
                     Some(live) if live.kind != s.kind => {
-                        return Err(StateError::KindMismatch { name: s.name.clone(), existing: live.kind.to_string(), requested: format!("{} (in {})", s.kind, dir.display()) });
+                        return Err(StateError::KindMismatch {
+                            name: s.name.clone(),
+                            existing: live.kind.to_string(),
+                            requested: format!("{} (in {})", s.kind, dir.display()),
+                        });
                     }
                     Some(live) if live.ttl.is_some() != s.ttl.is_some() => {
-                        return Err(StateError::Incompatible(format!("state '{}': TTL on/off differs from {}", s.name, dir.display())));
+                        return Err(StateError::Incompatible(format!(
+                            "state '{}': TTL on/off differs from {}",
+                            s.name,
+                            dir.display()
+                        )));
                     }
                     Some(live) => {
                         // The stored bytes are the snapshot's: carry its schema, so the
                         // next registration migrates (or refuses) them.
                         if live.schema != s.schema {
-                            states.insert(s.name.clone(), Arc::new(StateMeta { schema: s.schema.clone(), ..(*live).clone() }));
+                            states.insert(
+                                s.name.clone(),
+                                Arc::new(StateMeta {
+                                    schema: s.schema.clone(),
+                                    ..(*live).clone()
+                                }),
+                            );
                         }
                         live.id
                     }
@@ -486,7 +616,10 @@ impl StateStore {
                         if next_id >= FIRST_RESERVED_ID {
                             return Err(StateError::Invalid("too many states".into()));
                         }
-                        let m = Arc::new(StateMeta { id: next_id, ..s.clone() });
+                        let m = Arc::new(StateMeta {
+                            id: next_id,
+                            ..s.clone()
+                        });
                         next_id += 1;
                         states.insert(s.name.clone(), m.clone());
                         m.id
@@ -515,7 +648,12 @@ impl StateStore {
             if new_dir.exists() {
                 std::fs::remove_dir_all(&new_dir).at(&new_dir)?;
             }
-            match RocksBackend::open_from_checkpoint(&metas[needed[0]].0.join("db"), &new_dir, g.ttl_registry.clone(), g.clock.clone()) {
+            match RocksBackend::open_from_checkpoint(
+                &metas[needed[0]].0.join("db"),
+                &new_dir,
+                g.ttl_registry.clone(),
+                g.clock.clone(),
+            ) {
                 Ok(b) => Box::new(b),
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&new_dir);
@@ -542,7 +680,10 @@ impl StateStore {
                     let new_id = if id >= FIRST_RESERVED_ID {
                         id
                     } else {
-                        *remap.get(&id).ok_or_else(|| StateError::Corrupt { path: dir.join(META_FILE), reason: format!("state id {id} not registered") })?
+                        *remap.get(&id).ok_or_else(|| StateError::Corrupt {
+                            path: dir.join(META_FILE),
+                            reason: format!("state id {id} not registered"),
+                        })?
                     };
                     let mut key = k.to_vec();
                     key[2..4].copy_from_slice(&new_id.to_be_bytes());
@@ -565,15 +706,20 @@ impl StateStore {
             backend.flush()
         })();
         let operator = match fill.and_then(|_| {
-            let lists = metas.iter().map(|(_, r, m, _)| (r.instance_index, r.instance_count, m.operator_lists.clone())).collect();
+            let lists = metas
+                .iter()
+                .map(|(_, r, m, _)| (r.instance_index, r.instance_count, m.operator_lists.clone()))
+                .collect();
             let lists = redistribute(lists, g.config.instance_index, g.config.instance_count)?;
             let mut broadcast = BTreeMap::new();
             if let Some((_, _, m, _)) = metas.iter().min_by_key(|(_, r, _, _)| r.instance_index) {
                 for (name, entries) in &m.broadcast {
                     let mut map = BTreeMap::new();
                     for (k, v) in entries {
-                        let k = hex::decode(k).map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
-                        let v = hex::decode(v).map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
+                        let k = hex::decode(k)
+                            .map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
+                        let v = hex::decode(v)
+                            .map_err(|e| StateError::Invalid(format!("broadcast state: {e}")))?;
                         map.insert(k, v);
                     }
                     broadcast.insert(name.clone(), map);
@@ -584,7 +730,9 @@ impl StateStore {
             Ok(o) => o,
             Err(e) => {
                 drop(backend);
-                let _ = std::fs::remove_dir_all(g.config.work_dir.join(format!("rocksdb-{generation}")));
+                let _ = std::fs::remove_dir_all(
+                    g.config.work_dir.join(format!("rocksdb-{generation}")),
+                );
                 return Err(e);
             }
         };

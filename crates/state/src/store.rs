@@ -116,17 +116,32 @@ pub struct StateStore {
     pub(crate) inner: Arc<Mutex<Inner>>,
 }
 
-pub(crate) fn ser_append<T: Serialize + ?Sized>(buf: &mut Vec<u8>, v: &T, state: &str) -> Result<()> {
+pub(crate) fn ser_append<T: Serialize + ?Sized>(
+    buf: &mut Vec<u8>,
+    v: &T,
+    state: &str,
+) -> Result<()> {
     let taken = std::mem::take(buf);
-    *buf = postcard::to_extend(v, taken).map_err(|e| StateError::Serde { state: state.to_string(), message: e.to_string() })?;
+    *buf = postcard::to_extend(v, taken).map_err(|e| StateError::Serde {
+        state: state.to_string(),
+        message: e.to_string(),
+    })?;
     Ok(())
 }
 
 pub(crate) fn de<T: DeserializeOwned>(bytes: &[u8], state: &str) -> Result<T> {
-    postcard::from_bytes(bytes).map_err(|e| StateError::Serde { state: state.to_string(), message: e.to_string() })
+    postcard::from_bytes(bytes).map_err(|e| StateError::Serde {
+        state: state.to_string(),
+        message: e.to_string(),
+    })
 }
 
-pub(crate) fn open_backend(config: &StoreConfig, generation: u64, registry: &TtlRegistry, clock: &Arc<dyn Clock>) -> Result<Box<dyn KvBackend>> {
+pub(crate) fn open_backend(
+    config: &StoreConfig,
+    generation: u64,
+    registry: &TtlRegistry,
+    clock: &Arc<dyn Clock>,
+) -> Result<Box<dyn KvBackend>> {
     Ok(match config.backend {
         BackendKind::Hashmap => Box::new(HeapBackend::new()),
         BackendKind::Rocksdb => {
@@ -149,13 +164,20 @@ impl StateStore {
     pub fn open_with_clock(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let mp = config.max_parallelism;
         if mp == 0 || mp > MAX_MAX_PARALLELISM {
-            return Err(StateError::Invalid(format!("max_parallelism {mp} not in 1..={MAX_MAX_PARALLELISM}")));
+            return Err(StateError::Invalid(format!(
+                "max_parallelism {mp} not in 1..={MAX_MAX_PARALLELISM}"
+            )));
         }
         if config.key_group_range.end >= mp {
-            return Err(StateError::Invalid(format!("key group range {} exceeds max_parallelism {mp}", config.key_group_range)));
+            return Err(StateError::Invalid(format!(
+                "key group range {} exceeds max_parallelism {mp}",
+                config.key_group_range
+            )));
         }
         if config.instance_count == 0 || config.instance_index >= config.instance_count {
-            return Err(StateError::Invalid("instance_index must be < instance_count".into()));
+            return Err(StateError::Invalid(
+                "instance_index must be < instance_count".into(),
+            ));
         }
         std::fs::create_dir_all(&config.work_dir).at(&config.work_dir)?;
         // Live state never survives a restart on its own: clear old backends.
@@ -294,7 +316,13 @@ impl StateStore {
         self.lock().ttl_expired
     }
 
-    pub(crate) fn register(&self, name: &str, kind: StateKind, ttl: Option<TtlConfig>, schema: (SchemaMeta, &crate::schema::Schema)) -> Result<Arc<StateMeta>> {
+    pub(crate) fn register(
+        &self,
+        name: &str,
+        kind: StateKind,
+        ttl: Option<TtlConfig>,
+        schema: (SchemaMeta, &crate::schema::Schema),
+    ) -> Result<Arc<StateMeta>> {
         self.lock().register(name, kind, ttl, schema)
     }
 }
@@ -305,16 +333,28 @@ impl Inner {
         self.clock.now_ms()
     }
 
-    pub fn register(&mut self, name: &str, kind: StateKind, ttl: Option<TtlConfig>, schema: (SchemaMeta, &crate::schema::Schema)) -> Result<Arc<StateMeta>> {
+    pub fn register(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+        ttl: Option<TtlConfig>,
+        schema: (SchemaMeta, &crate::schema::Schema),
+    ) -> Result<Arc<StateMeta>> {
         let (schema_meta, spec) = schema;
         if let Some(existing) = self.states.get(name).cloned() {
             if existing.kind != kind {
-                return Err(StateError::KindMismatch { name: name.into(), existing: existing.kind.to_string(), requested: kind.to_string() });
+                return Err(StateError::KindMismatch {
+                    name: name.into(),
+                    existing: existing.kind.to_string(),
+                    requested: kind.to_string(),
+                });
             }
             // Stored values carry a timestamp prefix only when TTL is on, so
             // switching TTL on or off would misread every stored value.
             if existing.ttl.is_some() != ttl.is_some() {
-                return Err(StateError::Incompatible(format!("state '{name}': TTL cannot be turned on or off for existing state")));
+                return Err(StateError::Incompatible(format!(
+                    "state '{name}': TTL cannot be turned on or off for existing state"
+                )));
             }
             let migrates_from: Vec<u32> = spec.migrations.keys().copied().collect();
             match crate::schema::compare(existing.schema.as_ref(), &schema_meta, &migrates_from) {
@@ -323,19 +363,35 @@ impl Inner {
                     let f = spec.migrations[&from].clone();
                     self.migrate_values(&existing, &f)?;
                 }
-                SchemaChange::Incompatible(reason) => return Err(StateError::Incompatible(format!("state '{name}': {reason}"))),
+                SchemaChange::Incompatible(reason) => {
+                    return Err(StateError::Incompatible(format!(
+                        "state '{name}': {reason}"
+                    )));
+                }
             }
             if existing.ttl == ttl && existing.schema.as_ref() == Some(&schema_meta) {
                 return Ok(existing);
             }
-            let meta = Arc::new(StateMeta { id: existing.id, name: name.into(), kind, ttl, schema: Some(schema_meta) });
+            let meta = Arc::new(StateMeta {
+                id: existing.id,
+                name: name.into(),
+                kind,
+                ttl,
+                schema: Some(schema_meta),
+            });
             self.install(meta.clone());
             return Ok(meta);
         }
         if self.next_id >= FIRST_RESERVED_ID {
             return Err(StateError::Invalid("too many states".into()));
         }
-        let meta = Arc::new(StateMeta { id: self.next_id, name: name.into(), kind, ttl, schema: Some(schema_meta) });
+        let meta = Arc::new(StateMeta {
+            id: self.next_id,
+            name: name.into(),
+            kind,
+            ttl,
+            schema: Some(schema_meta),
+        });
         self.next_id += 1;
         self.install(meta.clone());
         Ok(meta)
@@ -344,7 +400,10 @@ impl Inner {
     /// Rewrites every stored value of `meta`'s state with `f` (a schema
     /// migration), keeping TTL timestamps and list framing.
     fn migrate_values(&mut self, meta: &StateMeta, f: &MigrateFn) -> Result<()> {
-        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
+        let (start, end) = layout::key_group_bounds(
+            self.config.key_group_range.start,
+            self.config.key_group_range.end,
+        );
         let mut found: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let id = meta.id.to_be_bytes();
         self.backend.scan(&start, &end, &mut |k, v| {
@@ -359,7 +418,10 @@ impl Inner {
             let parts = crate::offline::split_value(meta.kind, has_ttl, &v)?;
             let mut migrated = Vec::with_capacity(parts.len());
             for (ts, payload) in parts {
-                let nv = f(payload).map_err(|message| StateError::Serde { state: meta.name.clone(), message: format!("migration: {message}") })?;
+                let nv = f(payload).map_err(|message| StateError::Serde {
+                    state: meta.name.clone(),
+                    message: format!("migration: {message}"),
+                })?;
                 migrated.push((ts, nv));
             }
             out.push((k, crate::offline::join_value(meta.kind, &migrated)));
@@ -382,7 +444,11 @@ impl Inner {
         }
         self.states.insert(meta.name.clone(), meta.clone());
         self.by_id.insert(meta.id, meta);
-        self.incremental = self.states.values().filter_map(|m| m.ttl.as_ref()?.cleanup.incremental).max();
+        self.incremental = self
+            .states
+            .values()
+            .filter_map(|m| m.ttl.as_ref()?.cleanup.incremental)
+            .max();
     }
 
     /// Writes `[kg][id][key][ns]` into `kbuf`.
@@ -402,13 +468,21 @@ impl Inner {
         if !self.backend.get(&self.kbuf, &mut self.vbuf)? {
             return Ok(None);
         }
-        let Some(ttl) = &meta.ttl else { return Ok(Some(0)) };
-        let ts = read_ts(&self.vbuf).ok_or_else(|| StateError::Invalid(format!("state '{}': value without TTL timestamp", meta.name)))?;
+        let Some(ttl) = &meta.ttl else {
+            return Ok(Some(0));
+        };
+        let ts = read_ts(&self.vbuf).ok_or_else(|| {
+            StateError::Invalid(format!(
+                "state '{}': value without TTL timestamp",
+                meta.name
+            ))
+        })?;
         let now = self.clock.now_ms();
         if ttl.is_expired(ts, now) {
             self.backend.delete(&self.kbuf)?;
             self.ttl_expired += 1;
-            let visible = !for_update && ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp;
+            let visible =
+                !for_update && ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp;
             return Ok(visible.then_some(TS_LEN));
         }
         if ttl.update_type == UpdateType::OnReadAndWrite && !for_update {
@@ -430,7 +504,12 @@ impl Inner {
     }
 
     /// Frames one list element (timestamp + payload) into `sbuf`.
-    pub fn frame_element<T: Serialize>(&mut self, meta: &StateMeta, value: &T, now: u64) -> Result<()> {
+    pub fn frame_element<T: Serialize>(
+        &mut self,
+        meta: &StateMeta,
+        value: &T,
+        now: u64,
+    ) -> Result<()> {
         self.vbuf.clear();
         if meta.ttl.is_some() {
             self.vbuf.extend_from_slice(&now.to_le_bytes());
@@ -455,7 +534,12 @@ impl Inner {
         let mut keep: Vec<&[u8]> = Vec::with_capacity(elems.len());
         let mut changed = false;
         for e in elems {
-            let ts = read_ts(e).ok_or_else(|| StateError::Invalid(format!("state '{}': list element without timestamp", meta.name)))?;
+            let ts = read_ts(e).ok_or_else(|| {
+                StateError::Invalid(format!(
+                    "state '{}': list element without timestamp",
+                    meta.name
+                ))
+            })?;
             if ttl.is_expired(ts, now) {
                 changed = true;
                 self.ttl_expired += 1;
@@ -506,8 +590,15 @@ impl Inner {
     /// Visits up to `n` stored entries after the cursor and drops the
     /// expired ones of states with incremental cleanup (wrapping around).
     pub fn incremental_cleanup(&mut self, n: u32) -> Result<()> {
-        let (start, end) = layout::key_group_bounds(self.config.key_group_range.start, self.config.key_group_range.end);
-        let from = if self.cursor.is_empty() || self.cursor < start { start.clone() } else { self.cursor.clone() };
+        let (start, end) = layout::key_group_bounds(
+            self.config.key_group_range.start,
+            self.config.key_group_range.end,
+        );
+        let from = if self.cursor.is_empty() || self.cursor < start {
+            start.clone()
+        } else {
+            self.cursor.clone()
+        };
         let mut seen: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         self.backend.scan(&from, &end, &mut |k, v| {
             seen.push((k.to_vec(), v.to_vec()));
@@ -524,7 +615,9 @@ impl Inner {
         let now = self.clock.now_ms();
         for (k, v) in seen {
             let id = u16::from_be_bytes([k[2], k[3]]);
-            let Some(meta) = self.by_id.get(&id).cloned() else { continue };
+            let Some(meta) = self.by_id.get(&id).cloned() else {
+                continue;
+            };
             let Some(ttl) = &meta.ttl else { continue };
             if ttl.cleanup.incremental.is_none() {
                 continue;
@@ -555,7 +648,11 @@ pub(crate) enum Expiry {
 pub(crate) fn expire_value(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
     if kind == StateKind::List {
         let elems = layout::list_elements(v)?;
-        let live: Vec<&[u8]> = elems.iter().copied().filter(|e| !read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now))).collect();
+        let live: Vec<&[u8]> = elems
+            .iter()
+            .copied()
+            .filter(|e| !read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now)))
+            .collect();
         return Ok(if live.is_empty() {
             Expiry::Remove
         } else if live.len() == elems.len() {
@@ -568,5 +665,9 @@ pub(crate) fn expire_value(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64)
             Expiry::Rewrite(out)
         });
     }
-    Ok(if read_ts(v).is_some_and(|ts| ttl.is_expired(ts, now)) { Expiry::Remove } else { Expiry::Keep })
+    Ok(if read_ts(v).is_some_and(|ts| ttl.is_expired(ts, now)) {
+        Expiry::Remove
+    } else {
+        Expiry::Keep
+    })
 }

@@ -70,7 +70,11 @@ impl Inner {
                 })?;
                 for k in found {
                     let p = layout::decode_key(&k)?;
-                    self.timers.set(domain).insert((p.ts.unwrap_or(0), p.key.to_vec(), p.ns.to_vec()));
+                    self.timers.set(domain).insert((
+                        p.ts.unwrap_or(0),
+                        p.key.to_vec(),
+                        p.ns.to_vec(),
+                    ));
                 }
             }
         }
@@ -89,7 +93,9 @@ impl StateStore {
         let g = &mut *g;
         layout::encode_timer(&mut g.kbuf, g.kg, domain.id(), timestamp, &g.key, &g.ns);
         g.backend.put(&g.kbuf, &[])?;
-        g.timers.set(domain).insert((timestamp, g.key.clone(), g.ns.clone()));
+        g.timers
+            .set(domain)
+            .insert((timestamp, g.key.clone(), g.ns.clone()));
         Ok(())
     }
 
@@ -101,7 +107,9 @@ impl StateStore {
         let g = &mut *g;
         layout::encode_timer(&mut g.kbuf, g.kg, domain.id(), timestamp, &g.key, &g.ns);
         g.backend.delete(&g.kbuf)?;
-        g.timers.set(domain).remove(&(timestamp, g.key.clone(), g.ns.clone()));
+        g.timers
+            .set(domain)
+            .remove(&(timestamp, g.key.clone(), g.ns.clone()));
         Ok(())
     }
 
@@ -134,11 +142,18 @@ impl StateStore {
             if first.0 > up_to {
                 break;
             }
-            let Some((ts, key, ns)) = g.timers.set(domain).pop_first() else { break };
+            let Some((ts, key, ns)) = g.timers.set(domain).pop_first() else {
+                break;
+            };
             let kg = key_group_for(&key, g.config.max_parallelism);
             layout::encode_timer(&mut g.kbuf, kg, domain.id(), ts, &key, &ns);
             g.backend.delete(&g.kbuf)?;
-            out.push(Timer { timestamp: ts, key, namespace: ns, domain });
+            out.push(Timer {
+                timestamp: ts,
+                key,
+                namespace: ns,
+                domain,
+            });
         }
         Ok(out)
     }

@@ -27,20 +27,30 @@ on_every_backend!(
 fn turning_ttl_on_for_existing_state_is_refused(kind: BackendKind) {
     let env = Env::new();
     let s = env.single(kind, "s");
-    s.value_state(&ValueStateDescriptor::<u8>::new("v")).unwrap();
-    let with_ttl = ValueStateDescriptor::<u8>::new("v").with_ttl(TtlConfig::new(std::time::Duration::from_secs(1)));
-    assert!(matches!(s.value_state(&with_ttl), Err(StateError::Incompatible(_))));
+    s.value_state(&ValueStateDescriptor::<u8>::new("v"))
+        .unwrap();
+    let with_ttl = ValueStateDescriptor::<u8>::new("v")
+        .with_ttl(TtlConfig::new(std::time::Duration::from_secs(1)));
+    assert!(matches!(
+        s.value_state(&with_ttl),
+        Err(StateError::Incompatible(_))
+    ));
     // Same refusal when the state comes from a snapshot.
     let part = snapshot_to(&s, 1, &env.path("chk"));
     let r = env.single(kind, "r");
     r.value_state(&with_ttl).unwrap();
-    assert!(matches!(r.restore(&[part]), Err(StateError::Incompatible(_))));
+    assert!(matches!(
+        r.restore(&[part]),
+        Err(StateError::Incompatible(_))
+    ));
 }
 
 fn value_state_is_scoped_to_the_current_key(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let count = store.value_state(&ValueStateDescriptor::<u64>::new("count")).unwrap();
+    let count = store
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
     for (k, times) in [(b"a", 3u64), (b"b", 5)] {
         for _ in 0..times {
             store.set_current_key(k).unwrap();
@@ -59,7 +69,9 @@ fn value_state_is_scoped_to_the_current_key(kind: BackendKind) {
 fn value_state_returns_descriptor_default_until_updated_and_after_clear(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let v = store.value_state(&ValueStateDescriptor::new("v").with_default(String::from("none"))).unwrap();
+    let v = store
+        .value_state(&ValueStateDescriptor::new("v").with_default(String::from("none")))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     assert_eq!(v.value().unwrap().as_deref(), Some("none"));
     v.update(&"x".to_string()).unwrap();
@@ -71,19 +83,26 @@ fn value_state_returns_descriptor_default_until_updated_and_after_clear(kind: Ba
 fn keyed_state_without_current_key_is_an_error(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let v = store.value_state(&ValueStateDescriptor::<u8>::new("v")).unwrap();
+    let v = store
+        .value_state(&ValueStateDescriptor::<u8>::new("v"))
+        .unwrap();
     assert!(matches!(v.value(), Err(StateError::NoCurrentKey)));
 }
 
 fn list_state_appends_replaces_and_clears(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let l = store.list_state(&ListStateDescriptor::<(String, u32)>::new("l")).unwrap();
+    let l = store
+        .list_state(&ListStateDescriptor::<(String, u32)>::new("l"))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     assert!(l.get().unwrap().is_empty());
     l.add(&("a".into(), 1)).unwrap();
     l.add_all(&[("b".into(), 2), ("c".into(), 3)]).unwrap();
-    assert_eq!(l.get().unwrap(), vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 3)]);
+    assert_eq!(
+        l.get().unwrap(),
+        vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 3)]
+    );
     store.set_current_key(b"other").unwrap();
     assert!(l.get().unwrap().is_empty());
     store.set_current_key(b"k").unwrap();
@@ -99,11 +118,14 @@ fn list_state_appends_replaces_and_clears(kind: BackendKind) {
 fn map_state_supports_point_ops_and_iteration(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let m = store.map_state(&MapStateDescriptor::<String, i64>::new("m")).unwrap();
+    let m = store
+        .map_state(&MapStateDescriptor::<String, i64>::new("m"))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     assert!(m.is_empty().unwrap());
     m.put(&"a".into(), &1).unwrap();
-    m.put_all([(&"b".to_string(), &2), (&"c".to_string(), &3)]).unwrap();
+    m.put_all([(&"b".to_string(), &2), (&"c".to_string(), &3)])
+        .unwrap();
     m.put(&"a".into(), &10).unwrap();
     assert_eq!(m.get(&"a".into()).unwrap(), Some(10));
     assert!(m.contains(&"b".into()).unwrap());
@@ -133,7 +155,9 @@ fn map_state_supports_point_ops_and_iteration(kind: BackendKind) {
 fn namespaces_isolate_state_of_the_same_key(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let v = store.value_state(&ValueStateDescriptor::<u32>::new("v")).unwrap();
+    let v = store
+        .value_state(&ValueStateDescriptor::<u32>::new("v"))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     store.set_current_namespace(b"window-1");
     v.update(&1).unwrap();
@@ -147,7 +171,11 @@ fn namespaces_isolate_state_of_the_same_key(kind: BackendKind) {
 fn reducing_state_folds_added_values(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let r = store.reducing_state(&ReducingStateDescriptor::new("max", |a: &u64, b: &u64| *a.max(b))).unwrap();
+    let r = store
+        .reducing_state(&ReducingStateDescriptor::new("max", |a: &u64, b: &u64| {
+            *a.max(b)
+        }))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     assert_eq!(r.get().unwrap(), None);
     for x in [3, 9, 4] {
@@ -180,7 +208,9 @@ impl AggregateFunction for Avg {
 fn aggregating_state_keeps_accumulator_and_merges_namespaces(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    let a = store.aggregating_state(&AggregatingStateDescriptor::new("avg", Avg)).unwrap();
+    let a = store
+        .aggregating_state(&AggregatingStateDescriptor::new("avg", Avg))
+        .unwrap();
     store.set_current_key(b"k").unwrap();
     store.set_current_namespace(b"w1");
     a.add(2).unwrap();
@@ -197,8 +227,13 @@ fn aggregating_state_keeps_accumulator_and_merges_namespaces(kind: BackendKind) 
 fn reusing_a_name_with_another_kind_is_refused(kind: BackendKind) {
     let env = Env::new();
     let store = env.single(kind, "s");
-    store.value_state(&ValueStateDescriptor::<u8>::new("x")).unwrap();
-    assert!(matches!(store.list_state(&ListStateDescriptor::<u8>::new("x")), Err(StateError::KindMismatch { .. })));
+    store
+        .value_state(&ValueStateDescriptor::<u8>::new("x"))
+        .unwrap();
+    assert!(matches!(
+        store.list_state(&ListStateDescriptor::<u8>::new("x")),
+        Err(StateError::KindMismatch { .. })
+    ));
 }
 
 fn timers_fire_in_time_order_and_deleted_timers_do_not_fire(kind: BackendKind) {
@@ -216,23 +251,54 @@ fn timers_fire_in_time_order_and_deleted_timers_do_not_fire(kind: BackendKind) {
     store.register_processing_time_timer(5).unwrap();
     assert_eq!(store.next_timer(TimeDomain::EventTime), Some(10));
     let due = store.pop_due_timers(TimeDomain::EventTime, 20).unwrap();
-    let got: Vec<(u64, Vec<u8>, Vec<u8>)> = due.into_iter().map(|t| (t.timestamp, t.key, t.namespace)).collect();
-    assert_eq!(got, vec![(10, b"a".to_vec(), vec![]), (20, b"b".to_vec(), b"w".to_vec())]);
+    let got: Vec<(u64, Vec<u8>, Vec<u8>)> = due
+        .into_iter()
+        .map(|t| (t.timestamp, t.key, t.namespace))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (10, b"a".to_vec(), vec![]),
+            (20, b"b".to_vec(), b"w".to_vec())
+        ]
+    );
     // Survives snapshot + restore.
     let (d, r) = snapshot_to(&store, 1, &env.path("chk"));
     let restored = env.single(kind, "r");
     restored.restore(&[(d, r)]).unwrap();
-    assert_eq!(restored.pop_due_timers(TimeDomain::EventTime, 100).unwrap().iter().map(|t| t.timestamp).collect::<Vec<_>>(), vec![30]);
-    assert_eq!(restored.pop_due_timers(TimeDomain::ProcessingTime, 100).unwrap().len(), 1);
+    assert_eq!(
+        restored
+            .pop_due_timers(TimeDomain::EventTime, 100)
+            .unwrap()
+            .iter()
+            .map(|t| t.timestamp)
+            .collect::<Vec<_>>(),
+        vec![30]
+    );
+    assert_eq!(
+        restored
+            .pop_due_timers(TimeDomain::ProcessingTime, 100)
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(restored.timer_count(TimeDomain::EventTime), 0);
 }
 
 /// Writes a bit of every state kind for keys 0..n and returns a dump.
 pub fn fill_all_kinds(store: &StateStore, n: u64) {
-    let v = store.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
-    let l = store.list_state(&ListStateDescriptor::<u64>::new("l")).unwrap();
-    let m = store.map_state(&MapStateDescriptor::<u64, String>::new("m")).unwrap();
-    let r = store.reducing_state(&ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b)).unwrap();
+    let v = store
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
+    let l = store
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    let m = store
+        .map_state(&MapStateDescriptor::<u64, String>::new("m"))
+        .unwrap();
+    let r = store
+        .reducing_state(&ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b))
+        .unwrap();
     for i in 0..n {
         store.set_current_key(&key(i)).unwrap();
         v.update(&i).unwrap();
@@ -242,23 +308,60 @@ pub fn fill_all_kinds(store: &StateStore, n: u64) {
         r.add(&1).unwrap();
         store.register_event_time_timer(i).unwrap();
     }
-    store.operator_list_state::<(String, i32, i64)>("offsets").unwrap().update(&[("t".into(), 0, 42), ("t".into(), 1, 7)]).unwrap();
-    store.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"r1".into(), &"x > 1".into()).unwrap();
+    store
+        .operator_list_state::<(String, i32, i64)>("offsets")
+        .unwrap()
+        .update(&[("t".into(), 0, 42), ("t".into(), 1, 7)])
+        .unwrap();
+    store
+        .broadcast_state(&MapStateDescriptor::<String, String>::new("rules"))
+        .put(&"r1".into(), &"x > 1".into())
+        .unwrap();
 }
 
 pub fn dump_all_kinds(store: &StateStore, n: u64) -> Vec<String> {
-    let v = store.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
-    let l = store.list_state(&ListStateDescriptor::<u64>::new("l")).unwrap();
-    let m = store.map_state(&MapStateDescriptor::<u64, String>::new("m")).unwrap();
-    let r = store.reducing_state(&ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b)).unwrap();
+    let v = store
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
+    let l = store
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    let m = store
+        .map_state(&MapStateDescriptor::<u64, String>::new("m"))
+        .unwrap();
+    let r = store
+        .reducing_state(&ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b))
+        .unwrap();
     let mut out = Vec::new();
     for i in 0..n {
         store.set_current_key(&key(i)).unwrap();
-        out.push(format!("{i}: {:?} {:?} {:?} {:?}", v.value().unwrap(), l.get().unwrap(), m.entries().unwrap(), r.get().unwrap()));
+        out.push(format!(
+            "{i}: {:?} {:?} {:?} {:?}",
+            v.value().unwrap(),
+            l.get().unwrap(),
+            m.entries().unwrap(),
+            r.get().unwrap()
+        ));
     }
-    out.push(format!("{:?}", store.operator_list_state::<(String, i32, i64)>("offsets").unwrap().get().unwrap()));
-    out.push(format!("{:?}", store.read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).entries().unwrap()));
-    out.push(format!("timers {}", store.timer_count(TimeDomain::EventTime)));
+    out.push(format!(
+        "{:?}",
+        store
+            .operator_list_state::<(String, i32, i64)>("offsets")
+            .unwrap()
+            .get()
+            .unwrap()
+    ));
+    out.push(format!(
+        "{:?}",
+        store
+            .read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules"))
+            .entries()
+            .unwrap()
+    ));
+    out.push(format!(
+        "timers {}",
+        store.timer_count(TimeDomain::EventTime)
+    ));
     out
 }
 
@@ -271,10 +374,18 @@ fn snapshot_then_restore_brings_back_every_kind_of_state(kind: BackendKind) {
     assert_eq!(r.checkpoint_id, 7);
     assert_eq!(r.max_parallelism, 128);
     assert!(r.files.iter().all(|f| f.sha256.len() == 64));
-    assert!(r.files.iter().any(|f| f.path == "state-meta.json" && f.size > 0));
+    assert!(
+        r.files
+            .iter()
+            .any(|f| f.path == "state-meta.json" && f.size > 0)
+    );
     // Changes after the snapshot are not in it.
     store.set_current_key(&key(0)).unwrap();
-    store.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap().update(&999).unwrap();
+    store
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap()
+        .update(&999)
+        .unwrap();
     let restored = env.single(kind, "r");
     assert!(!restored.is_restored());
     restored.restore(&[(d.clone(), r.clone())]).unwrap();
@@ -286,7 +397,11 @@ fn snapshot_then_restore_brings_back_every_kind_of_state(kind: BackendKind) {
 }
 
 fn restore_into_the_other_backend_gives_identical_state(kind: BackendKind) {
-    let other = if kind == BackendKind::Hashmap { BackendKind::Rocksdb } else { BackendKind::Hashmap };
+    let other = if kind == BackendKind::Hashmap {
+        BackendKind::Rocksdb
+    } else {
+        BackendKind::Hashmap
+    };
     let env = Env::new();
     let store = env.single(kind, "s");
     fill_all_kinds(&store, 30);
@@ -301,23 +416,39 @@ fn operator_list_state_splits_evenly_and_union_state_goes_to_everyone(kind: Back
     let mut parts = Vec::new();
     for i in 0..2u32 {
         let s = env.open(kind, &format!("old{i}"), 128, i, 2);
-        s.operator_list_state::<u32>("split").unwrap().update(&[i * 10, i * 10 + 1, i * 10 + 2]).unwrap();
+        s.operator_list_state::<u32>("split")
+            .unwrap()
+            .update(&[i * 10, i * 10 + 1, i * 10 + 2])
+            .unwrap();
         s.union_list_state::<u32>("union").unwrap().add(&i).unwrap();
         parts.push(snapshot_to(&s, 1, &env.path(&format!("chk{i}"))));
     }
     // Same parallelism: each instance gets exactly its own entries back.
     let same = env.open(kind, "same1", 128, 1, 2);
     same.restore(&parts).unwrap();
-    assert_eq!(same.operator_list_state::<u32>("split").unwrap().get().unwrap(), vec![10, 11, 12]);
+    assert_eq!(
+        same.operator_list_state::<u32>("split")
+            .unwrap()
+            .get()
+            .unwrap(),
+        vec![10, 11, 12]
+    );
     // Rescale 2 -> 3: even split of all six entries, union to everyone.
     let mut split_all = Vec::new();
     for i in 0..3u32 {
         let s = env.open(kind, &format!("new{i}"), 128, i, 3);
         s.restore(&parts).unwrap();
-        let got = s.operator_list_state::<u32>("split").unwrap().get().unwrap();
+        let got = s
+            .operator_list_state::<u32>("split")
+            .unwrap()
+            .get()
+            .unwrap();
         assert_eq!(got.len(), 2);
         split_all.extend(got);
-        assert_eq!(s.union_list_state::<u32>("union").unwrap().get().unwrap(), vec![0, 1]);
+        assert_eq!(
+            s.union_list_state::<u32>("union").unwrap().get().unwrap(),
+            vec![0, 1]
+        );
     }
     assert_eq!(split_all, vec![0, 1, 2, 10, 11, 12]);
 }
@@ -335,7 +466,10 @@ fn broadcast_state_is_identical_on_every_instance_after_restore(kind: BackendKin
         let n = env.open(kind, &format!("n{i}"), 128, i, 3);
         n.restore(std::slice::from_ref(&part)).unwrap();
         let keyed = KeyedContext::new(&n);
-        assert_eq!(keyed.broadcast_state(&desc).entries().unwrap(), vec![("b".to_string(), 2)]);
+        assert_eq!(
+            keyed.broadcast_state(&desc).entries().unwrap(),
+            vec![("b".to_string(), 2)]
+        );
         assert!(!keyed.broadcast_state(&desc).contains(&"a".into()).unwrap());
     }
 }
@@ -344,6 +478,12 @@ fn keys_outside_the_instance_range_are_refused(kind: BackendKind) {
     let env = Env::new();
     let s = env.open(kind, "s", 128, 0, 2);
     let range = s.key_group_range();
-    let outside = (0..1000u64).map(key).find(|k| !range.contains(key_group_for(k, 128))).unwrap();
-    assert!(matches!(s.set_current_key(&outside), Err(StateError::Invalid(_))));
+    let outside = (0..1000u64)
+        .map(key)
+        .find(|k| !range.contains(key_group_for(k, 128)))
+        .unwrap();
+    assert!(matches!(
+        s.set_current_key(&outside),
+        Err(StateError::Invalid(_))
+    ));
 }

@@ -15,7 +15,13 @@ struct BufferingSink {
 
 impl BufferingSink {
     fn new(threshold: usize) -> Self {
-        Self { threshold, buffered: Vec::new(), emitted: Vec::new(), checkpointed: None, was_restored: false }
+        Self {
+            threshold,
+            buffered: Vec::new(),
+            emitted: Vec::new(),
+            checkpointed: None,
+            was_restored: false,
+        }
     }
     fn invoke(&mut self, v: (String, u32)) {
         self.buffered.push(v);
@@ -27,7 +33,10 @@ impl BufferingSink {
 
 impl CheckpointedFunction for BufferingSink {
     fn snapshot_state(&mut self, _ctx: &FunctionSnapshotContext) -> Result<()> {
-        let state = self.checkpointed.as_ref().ok_or_else(|| StateError::Invalid("not initialized".into()))?;
+        let state = self
+            .checkpointed
+            .as_ref()
+            .ok_or_else(|| StateError::Invalid("not initialized".into()))?;
         state.update(&self.buffered)
     }
     fn initialize_state(&mut self, ctx: &FunctionInitializationContext<'_>) -> Result<()> {
@@ -47,21 +56,28 @@ fn buffering_sink_gets_its_unflushed_buffer_back_after_restore() {
         let env = Env::new();
         let store = env.single(kind, "a");
         let mut sink = BufferingSink::new(3);
-        sink.initialize_state(&FunctionInitializationContext::new(&store)).unwrap();
+        sink.initialize_state(&FunctionInitializationContext::new(&store))
+            .unwrap();
         assert!(!sink.was_restored);
         for i in 0..5 {
             sink.invoke((format!("e{i}"), i));
         }
         assert_eq!(sink.emitted.len(), 3);
-        sink.snapshot_state(&FunctionSnapshotContext { checkpoint_id: 1 }).unwrap();
+        sink.snapshot_state(&FunctionSnapshotContext { checkpoint_id: 1 })
+            .unwrap();
         let part = snapshot_to(&store, 1, &env.path("chk"));
 
         let store2 = env.single(kind, "b");
         store2.restore(&[part]).unwrap();
         let mut sink2 = BufferingSink::new(3);
-        sink2.initialize_state(&FunctionInitializationContext::new(&store2)).unwrap();
+        sink2
+            .initialize_state(&FunctionInitializationContext::new(&store2))
+            .unwrap();
         assert!(sink2.was_restored);
-        assert_eq!(sink2.buffered, vec![("e3".to_string(), 3), ("e4".to_string(), 4)]);
+        assert_eq!(
+            sink2.buffered,
+            vec![("e3".to_string(), 3), ("e4".to_string(), 4)]
+        );
         sink2.invoke(("e5".into(), 5));
         assert_eq!(sink2.emitted.len(), 3);
     }

@@ -101,13 +101,20 @@ impl AggregateFunction for CountSum {
 }
 
 fn value_desc() -> ValueStateDescriptor<u8> {
-    ValueStateDescriptor::new("v").with_ttl(TtlConfig::new(Duration::from_millis(VTTL)).update_type(UpdateType::OnReadAndWrite))
+    ValueStateDescriptor::new("v").with_ttl(
+        TtlConfig::new(Duration::from_millis(VTTL)).update_type(UpdateType::OnReadAndWrite),
+    )
 }
 fn list_desc() -> ListStateDescriptor<u8> {
-    ListStateDescriptor::new("l").with_ttl(TtlConfig::new(Duration::from_millis(LTTL)).cleanup_full_snapshot())
+    ListStateDescriptor::new("l")
+        .with_ttl(TtlConfig::new(Duration::from_millis(LTTL)).cleanup_full_snapshot())
 }
 fn map_desc() -> MapStateDescriptor<u8, u8> {
-    MapStateDescriptor::new("m").with_ttl(TtlConfig::new(Duration::from_millis(MTTL)).cleanup_incrementally(3).cleanup_in_rocksdb_compaction_filter())
+    MapStateDescriptor::new("m").with_ttl(
+        TtlConfig::new(Duration::from_millis(MTTL))
+            .cleanup_incrementally(3)
+            .cleanup_in_rocksdb_compaction_filter(),
+    )
 }
 fn reduce_desc() -> ReducingStateDescriptor<u64> {
     ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b)
@@ -150,7 +157,9 @@ impl Real {
             l: store.list_state(&list_desc()).unwrap(),
             m: store.map_state(&map_desc()).unwrap(),
             r: store.reducing_state(&reduce_desc()).unwrap(),
-            a: store.aggregating_state(&AggregatingStateDescriptor::new("a", CountSum)).unwrap(),
+            a: store
+                .aggregating_state(&AggregatingStateDescriptor::new("a", CountSum))
+                .unwrap(),
             store,
             kind,
             generation,
@@ -175,7 +184,10 @@ impl Real {
             }
             Op::Advance(_) => Out::None,
             Op::SnapshotRestore => {
-                let dir = env.path(&format!("chk-{:?}-{}-{}", self.kind, self.generation, self.lane));
+                let dir = env.path(&format!(
+                    "chk-{:?}-{}-{}",
+                    self.kind, self.generation, self.lane
+                ));
                 let r = s.snapshot(self.generation as u64, &dir).unwrap();
                 // Every other restore switches backend, so snapshots are
                 // also read across backends (rocksdb checkpoint -> heap and
@@ -196,7 +208,11 @@ impl Real {
                 *self = fresh;
                 Out::None
             }
-            _ if self.key.is_none() && !matches!(op, Op::TimerPop(_) | Op::OperatorAdd(_) | Op::OperatorGet) => Out::None,
+            _ if self.key.is_none()
+                && !matches!(op, Op::TimerPop(_) | Op::OperatorAdd(_) | Op::OperatorGet) =>
+            {
+                Out::None
+            }
             Op::ValueUpdate(x) => {
                 self.v.update(x).unwrap();
                 Out::None
@@ -261,7 +277,13 @@ impl Real {
                 s.delete_event_time_timer(*t as u64).unwrap();
                 Out::None
             }
-            Op::TimerPop(t) => Out::Timers(s.pop_due_timers(TimeDomain::EventTime, *t as u64).unwrap().into_iter().map(|t| (t.timestamp, t.key, t.namespace)).collect()),
+            Op::TimerPop(t) => Out::Timers(
+                s.pop_due_timers(TimeDomain::EventTime, *t as u64)
+                    .unwrap()
+                    .into_iter()
+                    .map(|t| (t.timestamp, t.key, t.namespace))
+                    .collect(),
+            ),
             Op::OperatorAdd(x) => {
                 s.operator_list_state::<u8>("op").unwrap().add(x).unwrap();
                 Out::None
@@ -308,7 +330,12 @@ impl Model {
             }
             Op::SnapshotRestore => return Out::None,
             Op::TimerPop(t) => {
-                let due: Vec<_> = self.timers.iter().filter(|x| x.0 <= *t as u64).cloned().collect();
+                let due: Vec<_> = self
+                    .timers
+                    .iter()
+                    .filter(|x| x.0 <= *t as u64)
+                    .cloned()
+                    .collect();
                 for d in &due {
                     self.timers.remove(d);
                 }
@@ -321,7 +348,9 @@ impl Model {
             Op::OperatorGet => return Out::List(self.op.clone()),
             _ => {}
         }
-        let Some(key) = self.key else { return Out::None };
+        let Some(key) = self.key else {
+            return Out::None;
+        };
         let kn = (key, self.ns);
         match op {
             Op::ValueUpdate(x) => {
@@ -348,7 +377,10 @@ impl Model {
                 Out::None
             }
             Op::ListAddAll(xs) => {
-                self.l.entry(kn).or_default().extend(xs.iter().map(|x| (*x, now)));
+                self.l
+                    .entry(kn)
+                    .or_default()
+                    .extend(xs.iter().map(|x| (*x, now)));
                 Out::None
             }
             Op::ListUpdate(xs) => {
@@ -378,12 +410,20 @@ impl Model {
                     m.remove(k);
                 }
                 let got = m.get(k).map(|e| e.0);
-                if matches!(op, Op::MapGet(_)) { Out::Value(got) } else { Out::Bool(got.is_some()) }
+                if matches!(op, Op::MapGet(_)) {
+                    Out::Value(got)
+                } else {
+                    Out::Bool(got.is_some())
+                }
             }
             Op::MapEntries | Op::MapIsEmpty => {
                 let m = self.m.entry(kn).or_default();
                 m.retain(|_, e| !expired(e.1, MTTL, now));
-                if matches!(op, Op::MapEntries) { Out::Entries(m.iter().map(|(k, e)| (*k, e.0)).collect()) } else { Out::Bool(m.is_empty()) }
+                if matches!(op, Op::MapEntries) {
+                    Out::Entries(m.iter().map(|(k, e)| (*k, e.0)).collect())
+                } else {
+                    Out::Bool(m.is_empty())
+                }
             }
             Op::MapClear => {
                 self.m.remove(&kn);

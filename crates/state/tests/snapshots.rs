@@ -102,7 +102,10 @@ fn restore_refuses_a_different_max_parallelism() {
     let s = env.open(BackendKind::Hashmap, "a", 128, 0, 1);
     let part = snapshot_to(&s, 1, &env.path("chk"));
     let other = env.open(BackendKind::Hashmap, "b", 64, 0, 1);
-    assert!(matches!(other.restore(&[part]), Err(StateError::Incompatible(_))));
+    assert!(matches!(
+        other.restore(&[part]),
+        Err(StateError::Incompatible(_))
+    ));
 }
 
 #[test]
@@ -110,8 +113,12 @@ fn savepoint_hashmap_to_rocksdb_to_hashmap_gives_identical_state() {
     let env = Env::new();
     let h1 = env.single(BackendKind::Hashmap, "h1");
     let v = h1.value_state(&count_desc()).unwrap();
-    let m = h1.map_state(&MapStateDescriptor::<String, Vec<u8>>::new("m")).unwrap();
-    let l = h1.list_state(&ListStateDescriptor::<i32>::new("l")).unwrap();
+    let m = h1
+        .map_state(&MapStateDescriptor::<String, Vec<u8>>::new("m"))
+        .unwrap();
+    let l = h1
+        .list_state(&ListStateDescriptor::<i32>::new("l"))
+        .unwrap();
     for i in 0..300 {
         h1.set_current_key(&key(i)).unwrap();
         v.update(&i).unwrap();
@@ -119,7 +126,9 @@ fn savepoint_hashmap_to_rocksdb_to_hashmap_gives_identical_state() {
         l.add(&-(i as i32)).unwrap();
         h1.register_processing_time_timer(i * 10).unwrap();
     }
-    h1.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"r".into(), &"rule".into()).unwrap();
+    h1.broadcast_state(&MapStateDescriptor::<String, String>::new("rules"))
+        .put(&"r".into(), &"rule".into())
+        .unwrap();
     let sp1 = h1.write_savepoint(1, &env.path("sp1")).unwrap();
     assert_eq!(sp1.keyed_format, KeyedFormat::Canonical);
 
@@ -135,23 +144,46 @@ fn savepoint_hashmap_to_rocksdb_to_hashmap_gives_identical_state() {
     let bytes = |d: &str, f: &str| std::fs::read(env.path(d).join(f)).unwrap();
     assert_eq!(bytes("sp1", "keyed.bin"), bytes("sp3", "keyed.bin"));
     assert_eq!(bytes("sp2", "keyed.bin"), bytes("sp3", "keyed.bin"));
-    let sha = |r: &SnapshotResult| r.files.iter().find(|f| f.path == "keyed.bin").unwrap().sha256.clone();
+    let sha = |r: &SnapshotResult| {
+        r.files
+            .iter()
+            .find(|f| f.path == "keyed.bin")
+            .unwrap()
+            .sha256
+            .clone()
+    };
     assert_eq!(sha(&sp1), sha(&sp3));
     // And the typed view agrees.
     let v2 = h2.value_state(&count_desc()).unwrap();
-    let m2 = h2.map_state(&MapStateDescriptor::<String, Vec<u8>>::new("m")).unwrap();
-    let l2 = h2.list_state(&ListStateDescriptor::<i32>::new("l")).unwrap();
+    let m2 = h2
+        .map_state(&MapStateDescriptor::<String, Vec<u8>>::new("m"))
+        .unwrap();
+    let l2 = h2
+        .list_state(&ListStateDescriptor::<i32>::new("l"))
+        .unwrap();
     for i in 0..300 {
         h2.set_current_key(&key(i)).unwrap();
         assert_eq!(v2.value().unwrap(), Some(i));
-        assert_eq!(m2.get(&format!("e{}", i % 7)).unwrap(), Some(vec![i as u8; 3]));
+        assert_eq!(
+            m2.get(&format!("e{}", i % 7)).unwrap(),
+            Some(vec![i as u8; 3])
+        );
         assert_eq!(l2.get().unwrap(), vec![-(i as i32)]);
     }
     assert_eq!(h2.timer_count(TimeDomain::ProcessingTime), 300);
-    assert_eq!(h2.read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).get(&"r".into()).unwrap().as_deref(), Some("rule"));
+    assert_eq!(
+        h2.read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules"))
+            .get(&"r".into())
+            .unwrap()
+            .as_deref(),
+        Some("rule")
+    );
 }
 
-fn corrupted_file_is_detected_and_live_state_is_untouched(kind: BackendKind, damage: fn(&std::path::Path)) {
+fn corrupted_file_is_detected_and_live_state_is_untouched(
+    kind: BackendKind,
+    damage: fn(&std::path::Path),
+) {
     let env = Env::new();
     let s = env.single(kind, "s");
     let v = s.value_state(&count_desc()).unwrap();
@@ -166,7 +198,14 @@ fn corrupted_file_is_detected_and_live_state_is_untouched(kind: BackendKind, dam
     live.set_current_key(&key(1)).unwrap();
     lv.update(&4242).unwrap();
 
-    let victim = result.files.iter().filter(|f| f.size > 0).max_by_key(|f| f.size).unwrap().path.clone();
+    let victim = result
+        .files
+        .iter()
+        .filter(|f| f.size > 0)
+        .max_by_key(|f| f.size)
+        .unwrap()
+        .path
+        .clone();
     damage(&dir.join(&victim));
     let err = live.restore(&[(dir, result)]).unwrap_err();
     let msg = err.to_string();
@@ -217,7 +256,10 @@ fn missing_snapshot_file_is_detected_naming_the_file() {
     let s = env.single(BackendKind::Hashmap, "s");
     let (dir, result) = snapshot_to(&s, 1, &env.path("chk"));
     std::fs::remove_file(dir.join("keyed.bin")).unwrap();
-    let err = env.single(BackendKind::Hashmap, "r").restore(&[(dir, result)]).unwrap_err();
+    let err = env
+        .single(BackendKind::Hashmap, "r")
+        .restore(&[(dir, result)])
+        .unwrap_err();
     assert!(err.to_string().contains("keyed.bin"), "{err}");
 }
 
@@ -236,12 +278,37 @@ fn rocksdb_snapshot_after_few_updates_reuses_most_sst_files() {
         v.update(&(i + 1)).unwrap();
     }
     let (_, second) = snapshot_to(&s, 2, &env.path("chk2"));
-    let old: std::collections::HashSet<(String, String)> = first.files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect();
-    let new_bytes: u64 = second.files.iter().filter(|f| !old.contains(&(f.path.clone(), f.sha256.clone()))).map(|f| f.size).sum();
-    let sst_old: u64 = first.files.iter().filter(|f| f.path.ends_with(".sst")).map(|f| f.size).sum();
+    let old: std::collections::HashSet<(String, String)> = first
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.sha256.clone()))
+        .collect();
+    let new_bytes: u64 = second
+        .files
+        .iter()
+        .filter(|f| !old.contains(&(f.path.clone(), f.sha256.clone())))
+        .map(|f| f.size)
+        .sum();
+    let sst_old: u64 = first
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst"))
+        .map(|f| f.size)
+        .sum();
     assert!(sst_old > 0);
-    assert!(second.files.iter().filter(|f| f.path.ends_with(".sst")).any(|f| old.contains(&(f.path.clone(), f.sha256.clone()))), "old SSTs are shared");
-    assert!(new_bytes * 4 < second.total_size(), "incremental: {new_bytes} new of {}", second.total_size());
+    assert!(
+        second
+            .files
+            .iter()
+            .filter(|f| f.path.ends_with(".sst"))
+            .any(|f| old.contains(&(f.path.clone(), f.sha256.clone()))),
+        "old SSTs are shared"
+    );
+    assert!(
+        new_bytes * 4 < second.total_size(),
+        "incremental: {new_bytes} new of {}",
+        second.total_size()
+    );
 }
 
 #[test]
@@ -260,8 +327,20 @@ fn rocksdb_restart_without_rescale_keeps_sharing_sst_files_with_the_checkpoint()
     r.set_current_key(&key(1)).unwrap();
     rv.update(&100).unwrap();
     let (_, second) = snapshot_to(&r, 2, &env.path("chk2"));
-    let old: std::collections::HashSet<(String, String)> = part.1.files.iter().filter(|f| f.path.ends_with(".sst")).map(|f| (f.path.clone(), f.sha256.clone())).collect();
-    assert!(second.files.iter().any(|f| old.contains(&(f.path.clone(), f.sha256.clone()))), "SSTs shared after restore");
+    let old: std::collections::HashSet<(String, String)> = part
+        .1
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".sst"))
+        .map(|f| (f.path.clone(), f.sha256.clone()))
+        .collect();
+    assert!(
+        second
+            .files
+            .iter()
+            .any(|f| old.contains(&(f.path.clone(), f.sha256.clone()))),
+        "SSTs shared after restore"
+    );
     // Restoring (and writing afterwards) did not modify the checkpoint it
     // came from: restoring it again re-verifies every file's SHA-256.
     r.restore(std::slice::from_ref(&part)).unwrap();

@@ -26,7 +26,9 @@ struct Case {
 
 impl Case {
     fn ttl(&self) -> TtlConfig {
-        let t = TtlConfig::new(std::time::Duration::from_millis(TTL)).update_type(self.update).visibility(self.visibility);
+        let t = TtlConfig::new(std::time::Duration::from_millis(TTL))
+            .update_type(self.update)
+            .visibility(self.visibility);
         match self.cleanup {
             Cleanup::OnReadOnly => t,
             Cleanup::FullSnapshot => t.cleanup_full_snapshot(),
@@ -47,12 +49,17 @@ impl Case {
     }
 
     fn visible(&self, expired: bool, whole_value_expired: bool) -> bool {
-        !expired || (!self.cleaned(whole_value_expired) && self.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp)
+        !expired
+            || (!self.cleaned(whole_value_expired)
+                && self.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp)
     }
 }
 
 fn run(case: &Case) {
-    let label = format!("{:?} {:?} {:?} {:?}", case.kind, case.update, case.visibility, case.cleanup);
+    let label = format!(
+        "{:?} {:?} {:?} {:?}",
+        case.kind, case.update, case.visibility, case.cleanup
+    );
     let env = Env::new();
     let t0 = 1_000_000;
     env.clock.set(t0);
@@ -61,7 +68,11 @@ fn run(case: &Case) {
     let vd = ValueStateDescriptor::<u32>::new("v").with_ttl(ttl.clone());
     let ld = ListStateDescriptor::<String>::new("l").with_ttl(ttl.clone());
     let md = MapStateDescriptor::<String, u32>::new("m").with_ttl(ttl.clone());
-    let (v, l, m) = (store.value_state(&vd).unwrap(), store.list_state(&ld).unwrap(), store.map_state(&md).unwrap());
+    let (v, l, m) = (
+        store.value_state(&vd).unwrap(),
+        store.list_state(&ld).unwrap(),
+        store.map_state(&md).unwrap(),
+    );
 
     // t=0: a.v=1, a.l=[x], a.m={k1:1}, b.v=2
     store.set_current_key(b"a").unwrap();
@@ -101,7 +112,11 @@ fn run(case: &Case) {
         }
         Cleanup::CompactionFilter => store.compact().unwrap(),
     }
-    let (v, l, m) = (store.value_state(&vd).unwrap(), store.list_state(&ld).unwrap(), store.map_state(&md).unwrap());
+    let (v, l, m) = (
+        store.value_state(&vd).unwrap(),
+        store.list_state(&ld).unwrap(),
+        store.map_state(&md).unwrap(),
+    );
 
     store.set_current_key(b"a").unwrap();
     let want_a = case.visible(a_expired, a_expired).then_some(1);
@@ -121,13 +136,29 @@ fn run(case: &Case) {
     got_m.sort();
     assert_eq!(got_m, want_m, "map: {label}");
     store.set_current_key(b"b").unwrap();
-    assert_eq!(v.value().unwrap(), case.visible(true, true).then_some(2), "value b: {label}");
+    assert_eq!(
+        v.value().unwrap(),
+        case.visible(true, true).then_some(2),
+        "value b: {label}"
+    );
 
     // Whatever was returned expired has now been removed by the read.
     store.set_current_key(b"a").unwrap();
-    assert_eq!(v.value().unwrap(), (!a_expired).then_some(1), "second read a: {label}");
-    assert_eq!(l.get().unwrap().len(), if x_expired { 1 } else { 2 }, "second read list: {label}");
-    assert_eq!(m.keys().unwrap().len(), if x_expired { 1 } else { 2 }, "second read map: {label}");
+    assert_eq!(
+        v.value().unwrap(),
+        (!a_expired).then_some(1),
+        "second read a: {label}"
+    );
+    assert_eq!(
+        l.get().unwrap().len(),
+        if x_expired { 1 } else { 2 },
+        "second read list: {label}"
+    );
+    assert_eq!(
+        m.keys().unwrap().len(),
+        if x_expired { 1 } else { 2 },
+        "second read map: {label}"
+    );
     store.set_current_key(b"b").unwrap();
     assert_eq!(v.value().unwrap(), None, "second read b: {label}");
 
@@ -146,9 +177,22 @@ fn every_ttl_combination_behaves_as_flink_on_both_backends() {
     let mut n = 0;
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
         for update in [UpdateType::OnCreateAndWrite, UpdateType::OnReadAndWrite] {
-            for visibility in [StateVisibility::NeverReturnExpired, StateVisibility::ReturnExpiredIfNotCleanedUp] {
-                for cleanup in [Cleanup::OnReadOnly, Cleanup::FullSnapshot, Cleanup::Incremental, Cleanup::CompactionFilter] {
-                    run(&Case { kind, update, visibility, cleanup });
+            for visibility in [
+                StateVisibility::NeverReturnExpired,
+                StateVisibility::ReturnExpiredIfNotCleanedUp,
+            ] {
+                for cleanup in [
+                    Cleanup::OnReadOnly,
+                    Cleanup::FullSnapshot,
+                    Cleanup::Incremental,
+                    Cleanup::CompactionFilter,
+                ] {
+                    run(&Case {
+                        kind,
+                        update,
+                        visibility,
+                        cleanup,
+                    });
                     n += 1;
                 }
             }
@@ -162,7 +206,12 @@ fn ttl_write_refreshes_and_expiry_is_exactly_at_ttl() {
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
         let env = Env::new();
         let store = env.single(kind, "s");
-        let v = store.value_state(&ValueStateDescriptor::<u8>::new("v").with_ttl(TtlConfig::new(std::time::Duration::from_millis(10)))).unwrap();
+        let v = store
+            .value_state(
+                &ValueStateDescriptor::<u8>::new("v")
+                    .with_ttl(TtlConfig::new(std::time::Duration::from_millis(10))),
+            )
+            .unwrap();
         store.set_current_key(b"k").unwrap();
         v.update(&1).unwrap();
         env.clock.advance(9);
@@ -179,8 +228,13 @@ fn reducing_state_ignores_an_expired_accumulator() {
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
         let env = Env::new();
         let store = env.single(kind, "s");
-        let ttl = TtlConfig::new(std::time::Duration::from_millis(10)).visibility(StateVisibility::ReturnExpiredIfNotCleanedUp);
-        let r = store.reducing_state(&ReducingStateDescriptor::new("sum", |a: &u32, b: &u32| a + b).with_ttl(ttl)).unwrap();
+        let ttl = TtlConfig::new(std::time::Duration::from_millis(10))
+            .visibility(StateVisibility::ReturnExpiredIfNotCleanedUp);
+        let r = store
+            .reducing_state(
+                &ReducingStateDescriptor::new("sum", |a: &u32, b: &u32| a + b).with_ttl(ttl),
+            )
+            .unwrap();
         store.set_current_key(b"k").unwrap();
         r.add(&5).unwrap();
         env.clock.advance(10);

@@ -61,11 +61,19 @@ impl KvBackend for HeapBackend {
         Ok(())
     }
 
-    fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+    fn scan(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
         if start >= end {
             return Ok(());
         }
-        for (k, v) in self.map.range::<[u8], _>((std::ops::Bound::Included(start), std::ops::Bound::Excluded(end))) {
+        for (k, v) in self.map.range::<[u8], _>((
+            std::ops::Bound::Included(start),
+            std::ops::Bound::Excluded(end),
+        )) {
             if !f(k, v) {
                 break;
             }
@@ -90,6 +98,10 @@ impl KvBackend for HeapBackend {
     }
 
     fn approximate_size_bytes(&mut self) -> Result<u64> {
-        Ok(self.map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum())
+        Ok(self
+            .map
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum())
     }
 }

@@ -27,7 +27,9 @@ impl std::str::FromStr for BackendKind {
         match s {
             "hashmap" | "heap" => Ok(Self::Hashmap),
             "rocksdb" => Ok(Self::Rocksdb),
-            other => Err(crate::StateError::Invalid(format!("unknown state backend '{other}' (hashmap|rocksdb)"))),
+            other => Err(crate::StateError::Invalid(format!(
+                "unknown state backend '{other}' (hashmap|rocksdb)"
+            ))),
         }
     }
 }
@@ -45,7 +47,12 @@ pub trait KvBackend: Send {
     /// Appends `bytes` to the value at `key` (creating it). Lists use this.
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()>;
     /// Visits `[start, end)` in key order until `f` returns false.
-    fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()>;
+    fn scan(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()>;
     /// Writes many entries at once (RocksDB: one WriteBatch). Restore uses it.
     fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
         for (k, v) in entries {

@@ -29,7 +29,11 @@ pub struct RocksBackend {
     write: WriteOptions,
 }
 
-fn concat_merge(_key: &[u8], existing: Option<&[u8]>, ops: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
+fn concat_merge(
+    _key: &[u8],
+    existing: Option<&[u8]>,
+    ops: &rocksdb::MergeOperands,
+) -> Option<Vec<u8>> {
     let mut out = existing.map(|e| e.to_vec()).unwrap_or_default();
     for op in ops {
         out.extend_from_slice(op);
@@ -37,7 +41,12 @@ fn concat_merge(_key: &[u8], existing: Option<&[u8]>, ops: &rocksdb::MergeOperan
     Some(out)
 }
 
-fn expired_by_filter(registry: &TtlRegistry, clock: &Arc<dyn Clock>, key: &[u8], value: &[u8]) -> bool {
+fn expired_by_filter(
+    registry: &TtlRegistry,
+    clock: &Arc<dyn Clock>,
+    key: &[u8],
+    value: &[u8],
+) -> bool {
     if key.len() < 4 {
         return false;
     }
@@ -46,7 +55,9 @@ fn expired_by_filter(registry: &TtlRegistry, clock: &Arc<dyn Clock>, key: &[u8],
         return false;
     }
     let reg = registry.read();
-    let Some((kind, ttl)) = reg.get(&id) else { return false };
+    let Some((kind, ttl)) = reg.get(&id) else {
+        return false;
+    };
     if !ttl.cleanup.compaction_filter {
         return false;
     }
@@ -55,7 +66,12 @@ fn expired_by_filter(registry: &TtlRegistry, clock: &Arc<dyn Clock>, key: &[u8],
         // A list goes only when every element has expired: the filter cannot
         // rewrite values (rust-rocksdb only offers 'static replacements).
         StateKind::List => match list_elements(value) {
-            Ok(elems) => !elems.is_empty() && elems.iter().all(|e| read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now))),
+            Ok(elems) => {
+                !elems.is_empty()
+                    && elems
+                        .iter()
+                        .all(|e| read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now)))
+            }
             Err(_) => false,
         },
         _ => read_ts(value).is_some_and(|ts| ttl.is_expired(ts, now)),
@@ -68,9 +84,16 @@ pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Opt
     opts.set_merge_operator_associative("streamstate-list-concat", concat_merge);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     if let Some((registry, clock)) = registry {
-        opts.set_compaction_filter("streamstate-ttl", move |_level: u32, key: &[u8], value: &[u8]| {
-            if expired_by_filter(&registry, &clock, key, value) { Decision::Remove } else { Decision::Keep }
-        });
+        opts.set_compaction_filter(
+            "streamstate-ttl",
+            move |_level: u32, key: &[u8], value: &[u8]| {
+                if expired_by_filter(&registry, &clock, key, value) {
+                    Decision::Remove
+                } else {
+                    Decision::Keep
+                }
+            },
+        );
     }
     opts
 }
@@ -82,7 +105,11 @@ impl RocksBackend {
         let db = DB::open(&db_options(Some((registry, clock))), path)?;
         let mut write = WriteOptions::default();
         write.disable_wal(true);
-        Ok(Self { db, path: path.to_path_buf(), write })
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+            write,
+        })
     }
 
     /// Opens a database seeded from a checkpoint of the same key-group
@@ -90,7 +117,12 @@ impl RocksBackend {
     /// copied, because RocksDB appends to its MANIFEST and must never write
     /// into checkpoint storage. The SSTs keep their names, so the next
     /// incremental snapshot shares them with the restored checkpoint.
-    pub(crate) fn open_from_checkpoint(checkpoint: &Path, path: &Path, registry: TtlRegistry, clock: Arc<dyn Clock>) -> Result<Self> {
+    pub(crate) fn open_from_checkpoint(
+        checkpoint: &Path,
+        path: &Path,
+        registry: TtlRegistry,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(path).at(path)?;
         for entry in std::fs::read_dir(checkpoint).at(checkpoint)? {
             let entry = entry.at(checkpoint)?;
@@ -114,7 +146,13 @@ impl RocksBackend {
 
 /// Visits `[start, end)` of a RocksDB checkpoint directory without modifying
 /// it (restore reads old instances' checkpoints this way).
-pub(crate) fn scan_checkpoint(dir: &Path, log_dir: &Path, start: &[u8], end: &[u8], f: super::EntrySink<'_>) -> Result<()> {
+pub(crate) fn scan_checkpoint(
+    dir: &Path,
+    log_dir: &Path,
+    start: &[u8],
+    end: &[u8],
+    f: super::EntrySink<'_>,
+) -> Result<()> {
     let mut opts = db_options(None);
     // Keep RocksDB's info log out of checkpoint storage.
     opts.set_db_log_dir(log_dir);
@@ -158,7 +196,12 @@ impl KvBackend for RocksBackend {
         Ok(self.db.merge_opt(key, bytes, &self.write)?)
     }
 
-    fn scan(&mut self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+    fn scan(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
         if start >= end {
             return Ok(());
         }
@@ -167,7 +210,9 @@ impl KvBackend for RocksBackend {
         let mut it = self.db.raw_iterator_opt(ro);
         it.seek(start);
         while it.valid() {
-            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
             if !f(k, v) {
                 break;
             }
@@ -212,12 +257,21 @@ impl KvBackend for RocksBackend {
     }
 
     fn approximate_len(&mut self) -> Result<u64> {
-        Ok(self.db.property_int_value("rocksdb.estimate-num-keys")?.unwrap_or(0))
+        Ok(self
+            .db
+            .property_int_value("rocksdb.estimate-num-keys")?
+            .unwrap_or(0))
     }
 
     fn approximate_size_bytes(&mut self) -> Result<u64> {
-        let sst = self.db.property_int_value("rocksdb.total-sst-files-size")?.unwrap_or(0);
-        let mem = self.db.property_int_value("rocksdb.size-all-mem-tables")?.unwrap_or(0);
+        let sst = self
+            .db
+            .property_int_value("rocksdb.total-sst-files-size")?
+            .unwrap_or(0);
+        let mem = self
+            .db
+            .property_int_value("rocksdb.size-all-mem-tables")?
+            .unwrap_or(0);
         Ok(sst + mem)
     }
 }

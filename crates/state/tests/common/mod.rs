@@ -23,12 +23,22 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        Self { dir: tempfile::tempdir().expect("tempdir"), clock: ManualClock::new(1_000_000) }
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            clock: ManualClock::new(1_000_000),
+        }
     }
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
-    pub fn open(&self, kind: BackendKind, name: &str, mp: u32, index: u32, count: u32) -> StateStore {
+    pub fn open(
+        &self,
+        kind: BackendKind,
+        name: &str,
+        mp: u32,
+        index: u32,
+        count: u32,
+    ) -> StateStore {
         let cfg = StoreConfig::new(kind, self.path(name), mp).for_instance(index, count);
         StateStore::open_with_clock(cfg, Arc::new(self.clock.clone())).expect("open store")
     }
