@@ -22,12 +22,23 @@ fn broker_sigkill_mid_run_is_survived_without_duplicates_or_hanging_transactions
     broker_restart(Storage::File, Bounce::Kill);
 }
 
+/// The broker stays away longer than `checkpoint.timeout` while a transaction is open:
+/// the service replaces its producer, settles the interrupted transaction from the
+/// group's committed offsets and goes on, all in the same process.
+#[test]
+fn broker_outage_longer_than_the_checkpoint_timeout_is_survived_in_process() {
+    broker_restart(Storage::File, Bounce::LongOutage);
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Bounce {
     /// `kafka.sh stop`: SIGTERM, a controlled shutdown.
     Term,
     /// `kafka.sh kill`: SIGKILL.
     Kill,
+    /// `kafka.sh stop`, and start only once the service said it lost the broker
+    /// mid-transaction (`checkpoint.timeout` 3 s).
+    LongOutage,
 }
 
 #[test]
@@ -35,7 +46,10 @@ fn broker_restart_mid_run_is_survived_without_duplicates_or_hanging_transactions
     broker_restart(Storage::S3, Bounce::Term);
 }
 
-/// One bounce at a time: the two variants share the broker.
+/// What the service logs when it replaces its producer after losing the broker.
+const LOST: &str = "broker lost mid-transaction";
+
+/// One bounce at a time: the variants share the broker.
 static BROKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn broker_restart(storage: Storage, bounce: Bounce) {
@@ -56,7 +70,13 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
             "transaction_timeout = \"30s\"",
             "transaction_timeout = \"60s\"",
         )
-        .replace("timeout = \"15s\"", "timeout = \"40s\"");
+        .replace(
+            "timeout = \"15s\"",
+            match bounce {
+                Bounce::LongOutage => "timeout = \"3s\"",
+                Bounce::Term | Bounce::Kill => "timeout = \"40s\"",
+            },
+        );
     std::fs::write(job.config_path(), config).expect("write config");
     let total = 6_000 + 6_000 * bounces;
     let evs = events(total, 5, 31);
@@ -70,10 +90,21 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
     let started = std::time::Instant::now();
     for i in 0..bounces {
         let before = job.committed();
+        let lost_before = service.log().matches(LOST).count();
         kafka_rig(match bounce {
-            Bounce::Term => "stop",
+            Bounce::Term | Bounce::LongOutage => "stop",
             Bounce::Kill => "kill",
         });
+        if let Bounce::LongOutage = bounce {
+            wait_until(
+                "the service to give the transaction up",
+                Duration::from_secs(90),
+                || {
+                    service.assert_running();
+                    service.log().matches(LOST).count() > lost_before
+                },
+            );
+        }
         service.assert_running();
         kafka_rig("start");
         // The service recovers by itself: commits move again before the next bounce.

@@ -569,3 +569,23 @@ fn replica_count_is_the_instance_count_and_a_rescale_starts_from_the_set() {
     );
     assert!(ok, "{text}");
 }
+
+#[test]
+fn peer_url_names_every_pod_through_the_headless_service() {
+    let objects = render(&[]);
+    let sts = statefulset(&objects);
+    let pod_prefix = sts["metadata"]["name"].as_str().expect("name");
+    let service = sts["spec"]["serviceName"].as_str().expect("serviceName");
+    let headless = object(&objects, "Service", service);
+    assert_eq!(
+        headless["spec"]["clusterIP"], "None",
+        "{service} is headless"
+    );
+    let port = headless["spec"]["ports"][0]["port"]
+        .as_u64()
+        .expect("admin port");
+    let expected =
+        format!("peer_url = \"http://{pod_prefix}-{{instance}}.{service}.streamstate.svc:{port}\"");
+    let toml = config_toml(&objects);
+    assert!(toml.contains(&expected), "{expected} in {toml}");
+}

@@ -353,3 +353,99 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
     assert_eq!(b.service.terminate(Duration::from_secs(60)).code(), Some(0));
     check_exactly_once(&job);
 }
+
+#[test]
+fn state_lookup_on_any_instance_reaches_the_owner() {
+    let job = scale_job("lookup");
+    let evs = events(2_000, 0, 79);
+    produce_all(&job.input, &evs, None);
+    let mut keys: Vec<String> = evs.iter().filter_map(|(k, _)| k.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.truncate(40);
+    // Instance i listens on 127.0.1.i, all on one port, so one `admin.peer_url` template
+    // names every instance the way the chart's pod DNS names do. Instance 1 has no
+    // template and must answer 421 naming the owner instead.
+    let port = free_port();
+    let addr = |i: u32| SocketAddr::from(([127, 0, 1, i as u8], port));
+    let template = format!("http://127.0.1.{{instance}}:{port}");
+    let spawn = |i: u32, peer_url: Option<&str>| {
+        let (id, listen) = (i.to_string(), addr(i).to_string());
+        let state = job
+            .dir
+            .path()
+            .join(format!("state-{i}"))
+            .display()
+            .to_string();
+        let mut env = vec![
+            ("STREAMSTATE__JOB__INSTANCE", id.as_str()),
+            ("STREAMSTATE__JOB__INSTANCES", "2"),
+            ("STREAMSTATE__ADMIN__LISTEN", listen.as_str()),
+            ("STREAMSTATE__STATE__DIR", state.as_str()),
+        ];
+        if let Some(url) = peer_url {
+            env.push(("STREAMSTATE__ADMIN__PEER_URL", url));
+        }
+        let log = job.dir.path().join(format!("instance-{i}.log"));
+        Instance {
+            service: Service::spawn(&job.config_path(), &log, &[], &env),
+            admin: addr(i),
+        }
+    };
+    let mut running = vec![spawn(0, Some(&template)), spawn(1, None)];
+    wait_ready(&job, &mut running);
+    let end = job.input_end();
+    wait_until("all input committed", Duration::from_secs(90), || {
+        running.iter_mut().for_each(|i| i.service.assert_running());
+        job.committed() >= end
+    });
+    let (mut redirected, mut misdirected) = (0, 0);
+    for key in keys {
+        let path = format!("/state/{key}");
+        let here = http_with("GET", addr(0), &path, &[], b"").expect("GET on instance 0");
+        let owner = match here.status {
+            200 => 0,
+            307 => {
+                let location = format!("http://{}{path}", addr(1));
+                assert!(
+                    here.head.contains(&format!("location: {location}\r\n"))
+                        || here.head.ends_with(&format!("location: {location}")),
+                    "redirect to instance 1: {}",
+                    here.head
+                );
+                assert_eq!(here.json()["owner_instance"], 1, "{}", here.body);
+                redirected += 1;
+                1
+            }
+            other => panic!("{key} on instance 0: {other} {}", here.body),
+        };
+        let at_owner = http_with("GET", addr(owner), &path, &[], b"").expect("GET at the owner");
+        assert_eq!(
+            at_owner.status, 200,
+            "{key} at its owner {owner}: {}",
+            at_owner.body
+        );
+        assert_eq!(at_owner.json()["key"], key.as_str());
+        assert_eq!(at_owner.json()["instance"], owner);
+        if owner == 0 {
+            let there = http_with("GET", addr(1), &path, &[], b"").expect("GET on instance 1");
+            assert_eq!(
+                there.status, 421,
+                "{key} on instance 1 without peer_url: {}",
+                there.body
+            );
+            assert_eq!(there.json()["owner_instance"], 0, "{}", there.body);
+            misdirected += 1;
+        }
+    }
+    assert!(
+        redirected > 0 && misdirected > 0,
+        "keys on both instances: {redirected} redirected, {misdirected} refused"
+    );
+    for mut inst in running {
+        assert_eq!(
+            inst.service.terminate(Duration::from_secs(60)).code(),
+            Some(0)
+        );
+    }
+}

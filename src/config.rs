@@ -241,6 +241,13 @@ pub struct AdminConfig {
     /// may write a savepoint with a `file://` target. Absolute paths.
     #[serde(default)]
     pub savepoint_roots: Vec<PathBuf>,
+    /// Admin URL of instance `{instance}`, e.g.
+    /// `"http://streamstate-{instance}.streamstate-headless.prod.svc:9464"` (the Helm chart
+    /// sets it). With it, `GET /state/{key}` for a key another instance owns redirects
+    /// there (307), so one address serves every key; without it the answer is 421 naming
+    /// the owner.
+    #[serde(default)]
+    pub peer_url: Option<String>,
 }
 
 impl Default for AdminConfig {
@@ -251,6 +258,7 @@ impl Default for AdminConfig {
             token_file: None,
             allow_unauthenticated: false,
             savepoint_roots: Vec::new(),
+            peer_url: None,
         }
     }
 }
@@ -414,8 +422,27 @@ impl Config {
                 "every entry must be an absolute path",
             );
         }
+        if let Some(url) = &self.admin.peer_url
+            && (!(url.starts_with("http://") || url.starts_with("https://"))
+                || !url.contains("{instance}"))
+        {
+            return invalid(
+                "admin.peer_url",
+                "must be an http:// or https:// URL containing {instance}, e.g. \
+                 \"http://streamstate-{instance}.streamstate-headless:9464\"",
+            );
+        }
         self.admin_token()?;
         Ok(())
+    }
+
+    /// The admin base URL of `instance` (no trailing slash), when `admin.peer_url` is set.
+    pub fn peer_admin_url(&self, instance: u32) -> Option<String> {
+        self.admin.peer_url.as_ref().map(|t| {
+            t.replace("{instance}", &instance.to_string())
+                .trim_end_matches('/')
+                .to_string()
+        })
     }
 
     /// Largest dead-letter payload: `job.max_record_bytes`, but never more than the

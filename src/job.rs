@@ -150,6 +150,9 @@ pub struct Job {
     /// Set while local state or checkpoint storage is full: not ready until a checkpoint
     /// commits again.
     disk_full: bool,
+    /// Set after the broker was lost mid-transaction and the producer was replaced: not
+    /// ready until a checkpoint commits again.
+    reconnected: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -396,6 +399,7 @@ impl Job {
             stopping: None,
             restored_from_savepoint,
             disk_full: false,
+            reconnected: false,
             control,
         })
     }
@@ -444,6 +448,11 @@ impl Job {
                         self.disk_full = false;
                         self.control.ready.store(true, Ordering::SeqCst);
                         info!("disk space is back and a checkpoint committed: ready again");
+                    }
+                    Ok(()) if self.reconnected => {
+                        self.reconnected = false;
+                        self.control.ready.store(true, Ordering::SeqCst);
+                        info!("broker back and a checkpoint committed: ready again");
                     }
                     Ok(()) => {}
                 }
@@ -545,7 +554,12 @@ impl Job {
         match step(self) {
             Err(JobError::Sink(SinkError::Abortable(e))) => {
                 warn!(error = %e, "aborting the epoch's transaction and rewinding to the last checkpoint");
-                self.pipeline.sink.abort()?;
+                match self.pipeline.sink.abort() {
+                    Err(SinkError::TimedOut { .. }) => {
+                        return self.reconnect(JobError::Sink(SinkError::Abortable(e)));
+                    }
+                    other => other?,
+                }
                 self.pipeline
                     .metrics
                     .transactions
@@ -553,8 +567,69 @@ impl Job {
                     .inc();
                 self.rewind()
             }
+            Err(e @ JobError::Sink(SinkError::TimedOut { .. })) => self.reconnect(e),
             other => other,
         }
+    }
+
+    /// The broker stayed out of reach for longer than `checkpoint.timeout` inside a
+    /// transactional call, so whether the epoch's transaction committed is unknown here.
+    /// A new producer with the same transactional id settles it: its `init_transactions`
+    /// fences the old one, and the coordinator finishes a commit it had accepted or aborts
+    /// the rest. The group's committed offsets then say which checkpoint is true, exactly
+    /// as at a start, and the job rewinds to it. Exiting instead would leave the same
+    /// decision to a restart; doing it here keeps the process (and its admin API) up and
+    /// not ready meanwhile, retrying with backoff until the broker answers.
+    fn reconnect(&mut self, cause: JobError) -> Result<(), JobError> {
+        self.control.ready.store(false, Ordering::SeqCst);
+        self.reconnected = true;
+        error!(error = %cause, "broker lost mid-transaction: replacing the producer; not ready until a checkpoint commits");
+        let attempted = CheckpointRef::new(self.next_checkpoint_id, &self.run);
+        let parts: Vec<_> = self.pipeline.offsets.keys().cloned().collect();
+        let mut backoff = Duration::from_millis(500);
+        let committed = loop {
+            let attempt = Sink::new(&self.pipeline.config)
+                .map_err(JobError::from)
+                .and_then(|sink| {
+                    self.pipeline.sink = sink;
+                    Ok(self.source.committed(&parts)?)
+                });
+            match attempt {
+                Ok(committed) => break committed,
+                Err(JobError::Sink(SinkError::Fenced(id))) => {
+                    return Err(JobError::Sink(SinkError::Fenced(id)));
+                }
+                Err(e) => warn!(error = %e, retry_in = ?backoff, "broker still out of reach"),
+            }
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                self.control.alive.store(true, Ordering::Relaxed);
+                self.control
+                    .heartbeat_ms
+                    .store(unix_ms(), Ordering::Relaxed);
+                if self.control.shutdown.load(Ordering::SeqCst) {
+                    return Err(cause);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        };
+        if committed.as_ref().map(|c| &c.checkpoint) != Some(&attempted) {
+            self.pipeline
+                .metrics
+                .transactions
+                .with_label_values(&["aborted"])
+                .inc();
+        } else {
+            info!(checkpoint = %attempted, "the interrupted commit had gone through");
+            self.last_committed = Some(attempted.clone());
+            if let Err(e) = self.storage.mark_complete(&attempted) {
+                warn!(checkpoint = %attempted, error = %e, "committed checkpoint not marked complete yet (restore marks it)");
+            }
+        }
+        // Either way this name is used up: the next attempt takes a new one.
+        self.next_checkpoint_id = attempted.id + 1;
+        self.rewind()
     }
 
     /// Local state or checkpoint storage ran out of space before the epoch committed: the

@@ -163,8 +163,10 @@ pub fn produce(producer: &BaseProducer, topic: &str, key: Option<&str>, payload:
     }
 }
 
+/// Waits for every queued record's delivery; long enough to ride out a broker restart
+/// on a loaded machine (the broker tests stop it while feeders are producing).
 pub fn flush(producer: &BaseProducer) {
-    producer.flush(Duration::from_secs(30)).expect("flush");
+    producer.flush(Duration::from_secs(180)).expect("flush");
 }
 
 pub fn consumer(group: Option<&str>, read_committed: bool) -> BaseConsumer {

@@ -1,7 +1,7 @@
 //! The handlers. Errors are `{"error": "..."}` with a status that says whose fault it
 //! is: 400 bad input, 401 token, 404 unknown id or key, 409 a checkpoint already in
-//! flight, 413 body too large, 421 key owned by another instance, 503 job not ready or
-//! busy, 504 no answer in time.
+//! flight, 413 body too large, 307 to the owner of a key (421 if `admin.peer_url` is
+//! unset), 503 job not ready or busy, 504 no answer in time.
 
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,6 +11,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -290,18 +291,61 @@ pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>
             }
             Ok(Json(body).into_response())
         }
-        StateAnswer::NotFound => Err(error(StatusCode::NOT_FOUND, format!("no state for key {key:?}"))),
-        StateAnswer::NotOwned { key_group, owner } => Ok((
-            StatusCode::MISDIRECTED_REQUEST,
-            Json(json!({
-                "error": format!("key {key:?} is in key group {key_group}, owned by instance {owner}"),
-                "key_group": key_group,
-                "owner_instance": owner,
-            })),
-        )
-            .into_response()),
+        StateAnswer::NotFound => Err(error(
+            StatusCode::NOT_FOUND,
+            format!("no state for key {key:?}"),
+        )),
+        StateAnswer::NotOwned { key_group, owner } => {
+            let message =
+                format!("key {key:?} is in key group {key_group}, owned by instance {owner}");
+            match s.config.peer_admin_url(owner) {
+                // A redirect, not a proxy: the admin server stays free of outbound calls,
+                // and clients (curl -L, browsers) follow it with the same method.
+                Some(base) => {
+                    let location =
+                        format!("{base}/state/{}", utf8_percent_encode(&key, PATH_SEGMENT));
+                    Ok((
+                        StatusCode::TEMPORARY_REDIRECT,
+                        [(header::LOCATION, location.clone())],
+                        Json(json!({
+                            "error": message,
+                            "key_group": key_group,
+                            "owner_instance": owner,
+                            "owner_url": location,
+                        })),
+                    )
+                        .into_response())
+                }
+                None => Ok((
+                    StatusCode::MISDIRECTED_REQUEST,
+                    Json(json!({
+                        "error": format!("{message}; set admin.peer_url to be redirected there"),
+                        "key_group": key_group,
+                        "owner_instance": owner,
+                    })),
+                )
+                    .into_response()),
+            }
+        }
     }
 }
+
+/// Characters a key must not carry raw in one path segment of the owner's URL.
+const PATH_SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'|');
 
 fn now_ms() -> u64 {
     SystemTime::now()

@@ -181,4 +181,5 @@ timeout = {{ include "streamstate.tomlString" $c.timeout }}
 [admin]
 listen = {{ printf "0.0.0.0:%d" (int .Values.admin.port) | toJson }}
 token_file = {{ printf "%s/%s" (include "streamstate.secretsDir" .) .Values.secret.keys.adminToken | toJson }}
+peer_url = {{ printf "http://%s-{instance}.%s-headless.%s.svc:%d" (include "streamstate.fullname" .) (include "streamstate.fullname" .) .Release.Namespace (int .Values.admin.port) | toJson }}
 {{ end }}
