@@ -569,3 +569,14 @@ fn replica_count_is_the_instance_count_and_a_rescale_starts_from_the_set() {
     );
     assert!(ok, "{text}");
 }
+
+#[test]
+fn repartition_mode_is_rendered_only_when_set_and_the_service_accepts_it() {
+    let plain = config_toml(&render(&[]));
+    assert!(!plain.contains("repartition"), "{plain}");
+    let objects = render(&["--set", "config.job.repartition=true"]);
+    let toml = config_toml(&objects);
+    assert!(toml.contains("\nrepartition = true\n"), "{toml}");
+    let (ok, text) = check_config(&toml, &[]);
+    assert!(ok, "{text}");
+}

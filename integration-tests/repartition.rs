@@ -22,7 +22,14 @@ struct Instance {
     admin: SocketAddr,
 }
 
-fn spawn_instance(job: &Job, i: u32, n: u32, generation: u32, repartition: bool) -> Instance {
+fn spawn_instance(
+    job: &Job,
+    i: u32,
+    n: u32,
+    generation: u32,
+    repartition: bool,
+    args: &[&str],
+) -> Instance {
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let state = job.dir.path().join(format!("state-{i}-gen{generation}"));
     let (i, n, listen, state) = (
@@ -48,7 +55,7 @@ fn spawn_instance(job: &Job, i: u32, n: u32, generation: u32, repartition: bool)
         .path()
         .join(format!("instance-{i}-gen{generation}.log"));
     Instance {
-        service: Service::spawn(&job.config_path(), &log, &[], &env),
+        service: Service::spawn(&job.config_path(), &log, args, &env),
         admin,
     }
 }
@@ -293,7 +300,7 @@ fn repartitions_input_keyed_by_another_field_exactly_once_across_a_sigkill() {
     let evs = session_events(total, 81);
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(500)));
     let mut running: Vec<Instance> = (0..2)
-        .map(|i| spawn_instance(&job, i, 2, 0, true))
+        .map(|i| spawn_instance(&job, i, 2, 0, true, &[]))
         .collect();
     wait_ready(&mut running);
     wait_until("outputs from both hops", Duration::from_secs(90), || {
@@ -313,7 +320,7 @@ fn repartitions_input_keyed_by_another_field_exactly_once_across_a_sigkill() {
             job.committed() > at_kill + 100
         },
     );
-    running[1] = spawn_instance(&job, 1, 2, 1, true);
+    running[1] = spawn_instance(&job, 1, 2, 1, true, &[]);
     feeder.join().expect("feeder");
     wait_until("both hops caught up", Duration::from_secs(180), || {
         running.iter_mut().for_each(|i| i.service.assert_running());
@@ -336,13 +343,107 @@ fn repartitions_input_keyed_by_another_field_exactly_once_across_a_sigkill() {
 }
 
 #[test]
+fn rescales_2_to_1_in_repartition_mode_from_a_savepoint_set_exactly_once() {
+    let job = Job::new("repartition-rescale", 3);
+    job.write_config("300ms", "");
+    let internal = format!("{}-repartition", job.app_id);
+    let total = 6_000;
+    let input = job.input.clone();
+    let evs = session_events(total, 83);
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(500)));
+    let mut running: Vec<Instance> = (0..2)
+        .map(|i| spawn_instance(&job, i, 2, 0, true, &[]))
+        .collect();
+    wait_ready(&mut running);
+    wait_until("outputs from both hops", Duration::from_secs(90), || {
+        running.iter_mut().for_each(|i| i.service.assert_running());
+        committed(&job, &internal, MAX_PARALLELISM)
+            .values()
+            .any(|o| *o > 0)
+    });
+    // Stopped one after the other while input flows: the second keeps forwarding to the
+    // first one's internal partitions, which the new instance must read.
+    for mut inst in running {
+        let answer = http_with(
+            "POST",
+            inst.admin,
+            "/stop",
+            &[("Content-Type", "application/json")],
+            br#"{"savepoint":true}"#,
+        )
+        .expect("POST /stop");
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(
+            inst.service.wait_exit(Duration::from_secs(90)).code(),
+            Some(0),
+            "{}",
+            inst.service.log()
+        );
+    }
+    let out = std::process::Command::new(BIN)
+        .args([
+            "savepoint-set",
+            "--name",
+            "two",
+            "--instances",
+            "2",
+            "--config",
+        ])
+        .arg(job.config_path())
+        .output()
+        .expect("savepoint-set");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["rescale-plan", "--set", "two", "--config"])
+        .arg(job.config_path())
+        .env("STREAMSTATE__JOB__REPARTITION", "true")
+        .env("STREAMSTATE__JOB__INSTANCES", "1")
+        .output()
+        .expect("rescale-plan");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
+    let planned = plan[0]["offsets"].as_array().expect("offsets").len();
+    assert_eq!(
+        planned,
+        3 + MAX_PARALLELISM as usize,
+        "one instance resumes every input and internal partition: {plan}"
+    );
+    let mut one = spawn_instance(&job, 0, 1, 1, true, &["--from-savepoint-set", "two"]);
+    feeder.join().expect("feeder");
+    wait_until("both hops caught up", Duration::from_secs(180), || {
+        one.service.assert_running();
+        both_hops_done(&job, &internal)
+    });
+    assert_eq!(
+        one.service.terminate(Duration::from_secs(60)).code(),
+        Some(0),
+        "{}",
+        one.service.log()
+    );
+    let (outputs, dead) = check_repartitioned(&job, &internal);
+    assert_eq!(
+        outputs + dead,
+        total,
+        "every input is an output or a dead letter, once"
+    );
+}
+
+#[test]
 fn without_repartition_a_foreign_key_is_dead_lettered_not_processed() {
     let job = Job::new("no-repartition", MAX_PARALLELISM);
     job.write_config("300ms", "");
     let total = 2_000;
     produce_all(&job.input, &session_events(total, 82), None);
     let mut running: Vec<Instance> = (0..2)
-        .map(|i| spawn_instance(&job, i, 2, 0, false))
+        .map(|i| spawn_instance(&job, i, 2, 0, false, &[]))
         .collect();
     wait_ready(&mut running);
     let end = job.input_end();
@@ -390,7 +491,7 @@ fn an_internal_topic_with_other_partitions_refuses_the_start() {
     job.write_config("300ms", "");
     let internal = format!("{}-repartition", job.app_id);
     create_topics(&[(&internal, 3)]);
-    let mut inst = spawn_instance(&job, 0, 1, 0, true);
+    let mut inst = spawn_instance(&job, 0, 1, 0, true, &[]);
     let status = inst.service.wait_exit(Duration::from_secs(60));
     let log = inst.service.log();
     assert!(!status.success(), "{log}");
