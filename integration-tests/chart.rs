@@ -589,3 +589,14 @@ fn peer_url_names_every_pod_through_the_headless_service() {
     let toml = config_toml(&objects);
     assert!(toml.contains(&expected), "{expected} in {toml}");
 }
+
+#[test]
+fn repartition_mode_is_rendered_only_when_set_and_the_service_accepts_it() {
+    let plain = config_toml(&render(&[]));
+    assert!(!plain.contains("repartition"), "{plain}");
+    let objects = render(&["--set", "config.job.repartition=true"]);
+    let toml = config_toml(&objects);
+    assert!(toml.contains("\nrepartition = true\n"), "{toml}");
+    let (ok, text) = check_config(&toml, &[]);
+    assert!(ok, "{text}");
+}

@@ -7,6 +7,11 @@
 //! because the key-group function is Kafka's default partitioner, exactly the input
 //! partitions with the same numbers: a keyed record never needs another instance.
 //! Ownership changes only at a restart (rescaling from a savepoint).
+//!
+//! In repartition mode (`job.repartition`) the input is not keyed by the state key: the
+//! input partitions are only split evenly among the instances (hop 1 forwards every event
+//! to the internal topic), and the internal topic's partitions, one per key group, are
+//! owned exactly like keyed input partitions (hop 2).
 
 use streamstate_state::KeyGroupRange;
 
@@ -91,6 +96,43 @@ pub fn ownership(
     })
 }
 
+/// Repartition mode: instance `instance` of `instances` reads a contiguous share of `all`
+/// input partitions (any count; some instances may get none) for hop 1, and the partitions
+/// of `internal` (the repartition topic, `max_parallelism` partitions, partition = key
+/// group) in its key-group range for hop 2. `partitions` lists input then internal ones.
+pub fn repartition_ownership(
+    all: &[Partition],
+    internal: &str,
+    max_parallelism: u32,
+    instances: u32,
+    instance: u32,
+) -> Result<Ownership, ClusterError> {
+    if instance >= instances {
+        return Err(ClusterError::InstanceOutOfRange {
+            instance,
+            instances,
+        });
+    }
+    if instances > max_parallelism {
+        return Err(ClusterError::TooManyInstances {
+            instances,
+            max_parallelism,
+        });
+    }
+    let key_groups = KeyGroupRange::for_instance(max_parallelism, instances, instance);
+    let (n, i) = (instances as usize, instance as usize);
+    let share = &all[all.len() * i / n..all.len() * (i + 1) / n];
+    let partitions = share
+        .iter()
+        .cloned()
+        .chain((key_groups.start..=key_groups.end).map(|kg| (internal.to_string(), kg as i32)))
+        .collect();
+    Ok(Ownership {
+        key_groups,
+        partitions,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +168,41 @@ mod tests {
                 "{n} instances own every partition exactly once"
             );
         }
+    }
+
+    #[test]
+    fn repartition_splits_any_input_count_and_owns_internal_partitions_by_key_group() {
+        let all: Vec<Partition> = [parts("a", 3), parts("b", 2)].concat();
+        for n in 1..=6 {
+            let (mut input, mut internal) = (Vec::new(), Vec::new());
+            for i in 0..n {
+                let o = repartition_ownership(&all, "r", 6, n, i).expect("ownership");
+                for (t, p) in o.partitions {
+                    if t == "r" {
+                        assert!(
+                            o.key_groups.contains(p as u32),
+                            "{p} outside {:?}",
+                            o.key_groups
+                        );
+                        internal.push(p);
+                    } else {
+                        input.push((t, p));
+                    }
+                }
+            }
+            input.sort();
+            internal.sort();
+            assert_eq!(input, all, "{n} instances read every input partition once");
+            assert_eq!(
+                internal,
+                (0..6).collect::<Vec<_>>(),
+                "{n} instances own every key group once"
+            );
+        }
+        assert!(matches!(
+            repartition_ownership(&all, "r", 2, 3, 0),
+            Err(ClusterError::TooManyInstances { .. })
+        ));
     }
 
     #[test]

@@ -102,6 +102,13 @@ pub struct JobConfig {
     /// same numbers; changing it is a rescale (stop with savepoints, restart from the set).
     #[serde(default = "default_instances")]
     pub instances: u32,
+    /// Input not partitioned by the state key: every instance reads its share of the input
+    /// partitions and forwards each event to the internal topic `<app_id>-repartition`
+    /// (one partition per key group, created at start), whose partitions are then owned
+    /// like keyed input. Both hops commit in the same transaction as the checkpoint; see
+    /// `docs/repartition.md`. Off: input must be partitioned by the state key.
+    #[serde(default)]
+    pub repartition: bool,
     /// The process function: `rules` (the built-in rule engine, driven by the control
     /// topic) or `count` (a running count per key).
     #[serde(default)]
@@ -373,6 +380,20 @@ impl Config {
                 "must be below job.instances (instances are numbered 0..instances)",
             );
         }
+        if self.job.repartition {
+            let internal = self.repartition_topic();
+            let named = |t: &String| *t == internal;
+            if self.kafka.input_topics.iter().any(named)
+                || named(&self.kafka.output_topic)
+                || named(&self.kafka.dead_letter_topic)
+                || self.kafka.control_topic.as_ref().is_some_and(named)
+            {
+                return invalid(
+                    "job.repartition",
+                    "the internal topic <kafka.app_id>-repartition must not be an input, output, dead-letter or control topic",
+                );
+            }
+        }
         if let Some(p) = &self.job.timestamp
             && !p.starts_with('/')
         {
@@ -489,6 +510,12 @@ impl Config {
     /// Where `checkpoint.storage` points.
     pub fn checkpoint_location(&self) -> Result<StorageLocation, ConfigError> {
         parse_storage_url("checkpoint.storage", &self.checkpoint.storage)
+    }
+
+    /// The internal topic of `job.repartition`: `<app_id>-repartition`, like Kafka Streams'
+    /// `<application.id>-…-repartition`, so two jobs never share one.
+    pub fn repartition_topic(&self) -> String {
+        format!("{}-repartition", self.kafka.app_id)
     }
 
     /// `<app_id>-<instance>`: fences zombies of this same instance and nobody else.

@@ -46,6 +46,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             max_key_bytes: 4096,
             instance: 0,
             instances: 1,
+            repartition: false,
             function: FunctionKind::Rules,
             timestamp: None,
             max_out_of_orderness: Duration::from_secs(5),

@@ -165,6 +165,21 @@ impl Driver {
         timestamp_ms: Option<u64>,
         source: &SourceRef,
     ) -> Result<Produced, FunctionError> {
+        let read_from = (source.topic.clone(), source.partition);
+        self.element_from(&read_from, key, value, timestamp_ms, source)
+    }
+
+    /// [`Driver::element`] for an event read from `read_from`, which is not where it was
+    /// first written (`source`): in repartition mode the partition that makes the
+    /// watermark is the internal topic's partition this instance reads.
+    pub fn element_from(
+        &mut self,
+        read_from: &(String, i32),
+        key: &str,
+        value: &Value,
+        timestamp_ms: Option<u64>,
+        source: &SourceRef,
+    ) -> Result<Produced, FunctionError> {
         let watermark = self.watermark_ms();
         let timestamp_ms = match timestamp_ms {
             Some(ts) if self.event_time.enabled => {
@@ -209,7 +224,7 @@ impl Driver {
         self.store.set_current_namespace(&[]);
         result?;
         if self.event_time.enabled {
-            let partition = (source.topic.clone(), source.partition);
+            let partition = read_from.clone();
             if self.event_time.idle_timeout.is_some() {
                 self.last_event_at
                     .insert(partition.clone(), self.store.now_ms());

@@ -31,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Offsets, Source, SourceError, offsets_for_commit};
-use crate::{cluster, rescale};
+use crate::{cluster, repartition, rescale};
 
 // Admin requests, savepoints, shutdown and observation: the job's edges, kept out of
 // the commit protocol below.
@@ -76,6 +76,8 @@ pub enum JobError {
     Cluster(#[from] crate::cluster::ClusterError),
     #[error(transparent)]
     Rescale(#[from] rescale::RescaleError),
+    #[error(transparent)]
+    Repartition(#[from] repartition::RepartitionError),
     #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
     NoGroupMetadata,
     #[error("local state directory {path}: {source}")]
@@ -167,6 +169,8 @@ struct Pipeline {
     /// Present when `kafka.control_topic` is set.
     rules: Option<Rules>,
     control_offsets: Offsets,
+    /// Repartition mode: the internal topic (hop 2 reads it; every other input is hop 1).
+    repartition: Option<String>,
 }
 
 impl Job {
@@ -200,18 +204,55 @@ impl Job {
         let all_parts =
             source.partitions(servers, "kafka.input_topics", &config.kafka.input_topics)?;
         let (instance, instances) = (config.job.instance, config.job.instances);
+        let internal = config.job.repartition.then(|| config.repartition_topic());
         // Key groups: fixed at the first start. Several instances need key group =
-        // partition, so their default is one topic's partition count.
-        let max_parallelism = config.state.max_parallelism.unwrap_or(if instances > 1 {
-            all_parts
-                .iter()
-                .filter(|(t, _)| *t == all_parts[0].0)
-                .count() as u32
-        } else {
-            all_parts.len() as u32
-        });
-        let ownership = cluster::ownership(&all_parts, max_parallelism, instances, instance)?;
+        // partition, so their default is one topic's partition count; in repartition mode
+        // the internal topic has one partition per key group, whatever the input has.
+        let max_parallelism =
+            config
+                .state
+                .max_parallelism
+                .unwrap_or(if instances > 1 && internal.is_none() {
+                    all_parts
+                        .iter()
+                        .filter(|(t, _)| *t == all_parts[0].0)
+                        .count() as u32
+                } else {
+                    all_parts.len() as u32
+                });
+        let ownership = match &internal {
+            Some(topic) => {
+                repartition::create_topic(&config, max_parallelism)?;
+                // Created moments ago here or by another instance: brokers learn of a new
+                // topic asynchronously, so "does not exist" is waited out for a while.
+                let deadline = Instant::now() + config.kafka.connect_timeout;
+                let found = loop {
+                    match source.partitions(servers, "job.repartition", std::slice::from_ref(topic))
+                    {
+                        Err(SourceError::MissingTopic { .. }) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(100))
+                        }
+                        other => break other?,
+                    }
+                };
+                repartition::check_partition_count(topic, found.len(), max_parallelism)?;
+                cluster::repartition_ownership(
+                    &all_parts,
+                    topic,
+                    max_parallelism,
+                    instances,
+                    instance,
+                )?
+            }
+            None => cluster::ownership(&all_parts, max_parallelism, instances, instance)?,
+        };
         let parts = ownership.partitions.clone();
+        // Hop 2 reads everything forwarded to its partitions, whatever kafka.start_offsets
+        // says about the input: those records are input already accepted.
+        let (internal_parts, input_parts): (Vec<_>, Vec<_>) = parts
+            .iter()
+            .cloned()
+            .partition(|(t, _)| Some(t) == internal.as_ref());
         let control_parts = match &config.kafka.control_topic {
             Some(topic) => {
                 source.partitions(servers, "kafka.control_topic", std::slice::from_ref(topic))?
@@ -260,8 +301,10 @@ impl Job {
         }
         let started = Instant::now();
         // Rules are read from the beginning: every instance must know all of them.
+        let mut input_start = source.start_offsets(&input_parts, config.kafka.start_offsets)?;
+        input_start.extend(source.start_offsets(&internal_parts, StartOffsets::Earliest)?);
         let start = Start {
-            input: source.start_offsets(&parts, config.kafka.start_offsets)?,
+            input: input_start,
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
         let from_savepoint = match (&options.from_savepoint, from_set) {
@@ -321,9 +364,9 @@ impl Job {
             }
         };
         // One instance may keep a checkpoint's key-group count after partitions were added;
-        // several instances, or an explicit setting, need exactly theirs.
+        // several instances, an explicit setting, or the internal topic need exactly theirs.
         if let Some(m) = &manifest
-            && (instances > 1 || config.state.max_parallelism.is_some())
+            && (instances > 1 || config.state.max_parallelism.is_some() || internal.is_some())
             && m.state.max_parallelism != max_parallelism
         {
             return Err(JobError::MaxParallelism {
@@ -346,7 +389,14 @@ impl Job {
         let state = Driver::new(store, function, event_time)?;
         let (offsets, control_offsets) = start.positions(manifest.as_ref());
         let mut state = state;
-        state.set_partitions(offsets.keys().cloned());
+        // The partitions that feed process_element make the watermark: in repartition
+        // mode the internal ones (hop 1 only forwards).
+        state.set_partitions(
+            offsets
+                .keys()
+                .filter(|(t, _)| internal.is_none() || Some(t) == internal.as_ref())
+                .cloned(),
+        );
         source.assign(offsets.iter().chain(&control_offsets))?;
         let rules = config
             .kafka
@@ -386,6 +436,7 @@ impl Job {
             offsets,
             rules,
             control_offsets,
+            repartition: internal,
         };
         Ok(Self {
             source,
@@ -840,27 +891,41 @@ impl Pipeline {
             .records_consumed
             .with_label_values(&[topic, &partition_label])
             .inc();
+        let read_from = (topic.to_string(), partition);
+        let hop2 = self.repartition.as_deref() == Some(topic);
+        // A forwarded record names its original input, so functions and dead letters see
+        // where it was first written, not the internal topic.
+        let source = hop2
+            .then(|| repartition::origin(msg.headers()))
+            .flatten()
+            .unwrap_or_else(|| SourceRef {
+                topic: topic.to_string(),
+                partition,
+                offset,
+            });
         match self.decoder.decode(msg.payload()) {
+            Ok(event) if self.repartition.is_some() && !hop2 => {
+                self.forward(msg, &event.key, &source)?;
+            }
             Ok(event) => {
-                let source = SourceRef {
-                    topic: topic.to_string(),
-                    partition,
-                    offset,
-                };
-                let (records, rejection) =
-                    self.state
-                        .element(&event.key, &event.value, event.timestamp_ms, &source)?;
+                let (records, rejection) = self.state.element_from(
+                    &read_from,
+                    &event.key,
+                    &event.value,
+                    event.timestamp_ms,
+                    &source,
+                )?;
                 self.send(records)?;
                 if let Some(r) = rejection {
-                    self.dead_letter(msg, r.reason, &r.message)?;
+                    self.dead_letter(msg, &source, r.reason, &r.message)?;
                     self.metrics
                         .records_dead_lettered
-                        .with_label_values(&[r.reason])
+                        .with_label_values(&[topic, &partition_label, r.reason])
                         .inc();
                 }
             }
             Err(err) => {
-                self.dead_letter(msg, err.reason(), &err.to_string())?;
+                self.dead_letter(msg, &source, err.reason(), &err.to_string())?;
                 self.metrics
                     .records_dead_lettered
                     .with_label_values(&[topic, &partition_label, err.reason()])
@@ -880,22 +945,22 @@ impl Pipeline {
             return Ok(());
         };
         let (partition, offset) = (msg.partition(), msg.offset());
+        let from = SourceRef {
+            topic: msg.topic().to_string(),
+            partition,
+            offset,
+        };
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let outcome = match rules.prepare(msg.key(), msg.payload(), partition, offset, now_ms)? {
             Err(outcome) => outcome,
             Ok(candidate) => {
-                let source = SourceRef {
-                    topic: msg.topic().to_string(),
-                    partition,
-                    offset,
-                };
                 let update = BroadcastUpdate {
                     id: &candidate.id,
                     version: candidate.version(),
                     body: candidate.body.as_ref(),
-                    source: &source,
+                    source: &from,
                 };
                 let (records, refused) = self.state.broadcast(&update)?;
                 match refused {
@@ -934,7 +999,7 @@ impl Pipeline {
             }
             RuleOutcome::Rejected(why) => {
                 warn!(partition, offset, reason = why.reason(), error = %why, "rule rejected; the last good version stays");
-                self.dead_letter(msg, why.reason(), &why.to_string())?;
+                self.dead_letter(msg, &from, why.reason(), &why.to_string())?;
                 "rejected"
             }
             RuleOutcome::Refused {
@@ -944,12 +1009,40 @@ impl Pipeline {
                 message,
             } => {
                 warn!(rule = %id, version, reason, error = %message, "rule rejected; the last good version stays");
-                self.dead_letter(msg, reason, message)?;
+                self.dead_letter(msg, &from, reason, message)?;
                 "rejected"
             }
         };
         self.metrics.rule_updates.with_label_values(&[label]).inc();
         self.metrics.rules_active.set(rules.active() as i64);
+        Ok(())
+    }
+
+    /// Hop 1 of repartition mode: the original bytes, headers and timestamp go to the
+    /// internal partition of the key's key group, in the epoch's transaction.
+    fn forward(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        key: &str,
+        source: &SourceRef,
+    ) -> Result<(), JobError> {
+        let Some(internal) = &self.repartition else {
+            return Ok(());
+        };
+        let key_group =
+            streamstate_state::key_group_for(key.as_bytes(), self.state.store().max_parallelism());
+        self.sink.send_to_partition(
+            internal,
+            key_group as i32,
+            key.as_bytes(),
+            msg.payload().unwrap_or_default(),
+            repartition::forward_headers(msg.headers(), source),
+            msg.timestamp().to_millis(),
+        )?;
+        self.metrics
+            .records_produced
+            .with_label_values(&[internal])
+            .inc();
         Ok(())
     }
 
@@ -976,13 +1069,16 @@ impl Pipeline {
 
     /// The original bytes go to the dead-letter topic unchanged, with why and where from
     /// in headers, inside the current transaction: exactly once, like any output.
+    /// `source` is where the record was first written (for a forwarded one, not the
+    /// internal topic).
     fn dead_letter(
         &self,
         msg: &BorrowedMessage<'_>,
+        source: &SourceRef,
         reason: &str,
         detail: &str,
     ) -> Result<(), JobError> {
-        let (partition, offset) = (msg.partition().to_string(), msg.offset().to_string());
+        let (partition, offset) = (source.partition.to_string(), source.offset.to_string());
         let headers = OwnedHeaders::new()
             .insert(Header {
                 key: "streamstate.error.reason",
@@ -994,7 +1090,7 @@ impl Pipeline {
             })
             .insert(Header {
                 key: "streamstate.source.topic",
-                value: Some(msg.topic()),
+                value: Some(source.topic.as_str()),
             })
             .insert(Header {
                 key: "streamstate.source.partition",

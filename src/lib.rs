@@ -21,6 +21,8 @@
 //! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
 //! - [`cluster`] and [`rescale`]: which partitions and key groups instance `i` of `N` owns;
 //!   savepoint sets and the restore of a new range from them (N → M).
+//! - [`repartition`]: input not partitioned by the state key goes through an internal topic
+//!   keyed by it; both hops commit in the epoch's transaction.
 //! - [`admin`] and [`metrics`]: what operators see (HTTP endpoints, Prometheus).
 //! - [`tools`]: offline checkpoint tools (list, inspect, verify, export/import, surgery,
 //!   check-restore) on checkpoint storage, never on a running instance.
@@ -59,6 +61,7 @@ pub mod history;
 pub mod job;
 pub mod kafka_log;
 pub mod metrics;
+pub mod repartition;
 pub mod requests;
 pub mod rescale;
 pub mod rules;

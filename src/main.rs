@@ -143,7 +143,11 @@ fn main() -> ExitCode {
                 let set = rescale::read(&c, &set)?;
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&rescale::plan(&set, c.job.instances)?)?
+                    serde_json::to_string_pretty(&rescale::plan(
+                        &set,
+                        c.job.instances,
+                        c.job.repartition.then(|| c.repartition_topic()).as_deref()
+                    )?)?
                 );
                 Ok(())
             })

@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 use streamstate_state::KeyGroupRange;
 
 use crate::checkpoint::{CheckpointError, CheckpointStorage, Manifest, PartitionOffset};
+use crate::cluster;
 use crate::config::Config;
 use crate::savepoint;
+use crate::source::Partition;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RescaleError {
@@ -218,8 +220,14 @@ pub struct PlanEntry {
     pub offsets: Vec<PartitionOffset>,
 }
 
-/// The plan for `instances` new instances (`streamstate rescale-plan`).
-pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, RescaleError> {
+/// The plan for `instances` new instances (`streamstate rescale-plan`). `repartition`
+/// names the internal topic in repartition mode: its partitions follow the key groups,
+/// the input partitions are split as [`cluster::repartition_ownership`] does.
+pub fn plan(
+    set: &SavepointSet,
+    instances: u32,
+    repartition: Option<&str>,
+) -> Result<Vec<PlanEntry>, RescaleError> {
     if instances == 0 || instances > set.max_parallelism {
         return Err(RescaleError::Incomplete {
             name: set.name.clone(),
@@ -229,10 +237,37 @@ pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, Rescal
             ),
         });
     }
-    Ok((0..instances)
+    let offsets = set.offsets();
+    let mut inputs: Vec<Partition> = offsets
+        .iter()
+        .filter(|o| Some(o.topic.as_str()) != repartition)
+        .map(|o| (o.topic.clone(), o.partition))
+        .collect();
+    inputs.sort();
+    (0..instances)
         .map(|i| {
             let key_groups = KeyGroupRange::for_instance(set.max_parallelism, instances, i);
-            PlanEntry {
+            let owned = |o: &PartitionOffset| match repartition {
+                None => Ok(key_groups.contains(o.partition as u32)),
+                Some(internal) => cluster::repartition_ownership(
+                    &inputs,
+                    internal,
+                    set.max_parallelism,
+                    instances,
+                    i,
+                )
+                .map(|own| own.partitions.contains(&(o.topic.clone(), o.partition))),
+            };
+            let mut mine = Vec::new();
+            for o in &offsets {
+                if owned(o).map_err(|e| RescaleError::Incomplete {
+                    name: set.name.clone(),
+                    reason: e.to_string(),
+                })? {
+                    mine.push(o.clone());
+                }
+            }
+            Ok(PlanEntry {
                 instance: i,
                 key_groups,
                 keyed_state_from: set
@@ -240,14 +275,10 @@ pub fn plan(set: &SavepointSet, instances: u32) -> Result<Vec<PlanEntry>, Rescal
                     .iter()
                     .map(|p| p.instance)
                     .collect(),
-                offsets: set
-                    .offsets()
-                    .into_iter()
-                    .filter(|o| key_groups.contains(o.partition as u32))
-                    .collect(),
-            }
+                offsets: mine,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Reads every part's manifest (what a restore fetches).

@@ -97,6 +97,32 @@ impl Sink {
         if let Some(h) = headers {
             record = record.headers(h);
         }
+        self.enqueue(record)
+    }
+
+    /// Queues one record for an explicit partition with an explicit timestamp: repartition
+    /// mode's forwarded copy (partition = key group, timestamp = the original record's).
+    pub fn send_to_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        payload: &[u8],
+        headers: OwnedHeaders,
+        timestamp_ms: Option<i64>,
+    ) -> Result<(), SinkError> {
+        let mut record = BaseRecord::<[u8], [u8]>::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(payload)
+            .headers(headers);
+        if let Some(ts) = timestamp_ms {
+            record = record.timestamp(ts);
+        }
+        self.enqueue(record)
+    }
+
+    fn enqueue(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), SinkError> {
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),

@@ -155,6 +155,9 @@ key = {{ include "streamstate.tomlString" $j.key }}
 max_record_bytes = {{ int64 $j.max_record_bytes }}
 max_key_bytes = {{ int64 $j.max_key_bytes }}
 function = {{ include "streamstate.tomlString" ($j.function | default "rules") }}
+{{- if $j.repartition }}
+repartition = true
+{{- end }}
 {{- if $j.timestamp }}
 timestamp = {{ include "streamstate.tomlString" $j.timestamp }}
 {{- end }}
