@@ -221,6 +221,8 @@ impl Env<'_, '_> {
             .with_label_values(&[reason])
             .inc();
     }
+    /// Emits `record`, unless the rule is a shadow: then it is only counted, so a shadow
+    /// rule runs exactly the code an active one does up to this point.
     pub fn emit(
         &self,
         out: &mut Output,
@@ -228,6 +230,13 @@ impl Env<'_, '_> {
         key: &str,
         record: &Value,
     ) -> Result<(), FunctionError> {
+        if rule.status == spec::Status::Shadow {
+            self.metrics
+                .shadow_suppressed
+                .with_label_values(&[&rule.id])
+                .inc();
+            return Ok(());
+        }
         self.metrics
             .outputs
             .with_label_values(&[rule.kind.name()])
@@ -329,6 +338,10 @@ impl ProcessFunction for RuleEngine {
             self.metrics
                 .matches
                 .with_label_values(&[rule.kind.name()])
+                .inc();
+            self.metrics
+                .rule_matches
+                .with_label_values(&[&rule.id])
                 .inc();
             match &rule.kind {
                 Kind::Aggregate(a) => aggregate::on_event(&env, states, rule, a, event, out)?,
