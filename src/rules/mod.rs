@@ -15,7 +15,7 @@
 //! namespaces that start with the rule id and version (see [`window`]), so a new version
 //! starts fresh and a timer knows whether the rule that set it is still in force.
 //! A `shadow` rule takes every step an active one does and is stopped only at
-//! [`Env::emit`], so what it counts is what it would emit once promoted.
+//! `Env::emit`, so what it counts is what it would emit once promoted.
 //! Language reference: `docs/rules.md`.
 
 pub mod aggregate;
