@@ -102,11 +102,18 @@ impl RuleView {
     /// was not a deletion, re-versioned as the current version + 1 (the runtime ignores
     /// versions at or below the applied one). Rolling back twice therefore swaps back.
     pub fn rollback_body(&self) -> Result<Value, RollbackError> {
+        // The last entry is the version in force (a tombstone keeps the version number it
+        // deleted, so the number alone cannot tell it from its predecessor).
+        let in_force = usize::from(
+            self.history
+                .last()
+                .is_some_and(|v| v.version == self.version),
+        );
         let previous = self
             .history
             .iter()
             .rev()
-            .filter(|v| v.version < self.version)
+            .skip(in_force)
             .find(|v| v.rule.is_object())
             .ok_or_else(|| RollbackError::NoPreviousVersion(self.id.clone()))?;
         let mut body = previous.rule.clone();
@@ -560,6 +567,15 @@ mod tests {
         assert_eq!(
             deleted.rollback_body().expect("previous"),
             serde_json::json!({"id":"a","version":4,"x":"two"})
+        );
+        // A tombstone keeps the deleted version's number; rollback still finds the body.
+        apply(&r, "b", Some(r#"{"id":"b","version":7,"x":"seven"}"#));
+        apply(&r, "b", None);
+        assert_eq!(
+            r.view().read().expect("view")["b"]
+                .rollback_body()
+                .expect("previous"),
+            serde_json::json!({"id":"b","version":8,"x":"seven"})
         );
         for v in 4..20u64 {
             apply(&r, "a", Some(&format!(r#"{{"id":"a","version":{v}}}"#)));
