@@ -457,6 +457,9 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         ("streamstate_rules_active", "gauge"),
         ("streamstate_rule_updates_total", "counter"),
         ("streamstate_transactions_total", "counter"),
+        ("streamstate_transaction_open_age_seconds", "gauge"),
+        ("streamstate_transaction_timeout_seconds", "gauge"),
+        ("streamstate_transaction_near_timeout_total", "counter"),
         ("streamstate_http_requests_total", "counter"),
         ("streamstate_http_request_duration_seconds", "histogram"),
         ("streamstate_build_info", "gauge"),
@@ -727,4 +730,87 @@ fn sigterm_during_load_exits_zero_in_time_and_the_restart_has_no_gap_or_duplicat
     assert!(status.success(), "{status}");
     let (outputs, _) = check_exactly_once(&job);
     assert_eq!(outputs, good);
+}
+
+#[test]
+fn transactions_show_the_open_transaction_aging_warn_near_the_timeout_and_advance_with_checkpoints()
+{
+    let job = Job::new("transactions", 2);
+    job.write_config("3s", "");
+    produce_all(&job.input, &events(200, 0, 3), None);
+    // Every commit waits 15 s, so each transaction lives ~18 s of its 20 s timeout: past
+    // the 80 % warning (16 s), short of the broker's abort.
+    let mut service = job.spawn_with(
+        &[],
+        &[
+            ("FAILPOINTS", "before-commit=sleep(15000)"),
+            ("STREAMSTATE__KAFKA__TRANSACTION_TIMEOUT", "20s"),
+            ("STREAMSTATE__CHECKPOINT__TIMEOUT", "5s"),
+        ],
+    );
+    wait_ready(&job, &mut service);
+    let view = |service: &mut Service| {
+        service.assert_running();
+        let a = call(job.admin, "GET", "/transactions", false, b"");
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()
+    };
+    let first = view(&mut service);
+    assert_eq!(first["transactional_id"], format!("{}-0", job.app_id));
+    assert_eq!(first["producer_inits"], 1);
+    assert_eq!(first["transaction_timeout_ms"], 20_000);
+    assert_eq!(first["warn_after_ms"], 16_000);
+    assert_eq!(first["open"], true, "{first}");
+    let checkpoint = first["checkpoint_id"].as_u64().expect("checkpoint id");
+    let begun = first["transactions_begun"].as_u64().expect("begun");
+    let age = first["age_ms"].as_u64().expect("age");
+    assert!(
+        first["checkpoint"]
+            .as_str()
+            .is_some_and(|c| c.starts_with(&format!("chk-{checkpoint}-")))
+    );
+    wait_until(
+        "the open transaction to age",
+        Duration::from_secs(10),
+        || {
+            let v = view(&mut service);
+            v["checkpoint_id"] == checkpoint && v["age_ms"].as_u64().is_some_and(|a| a > age)
+        },
+    );
+
+    wait_until("the near-timeout warning", Duration::from_secs(60), || {
+        service.assert_running();
+        service.log().contains("transaction_near_timeout")
+    });
+    let text = scrape(job.admin);
+    assert!(metric_sum(&text, "streamstate_transaction_near_timeout_total") >= 1.0);
+    assert_eq!(
+        metric_sum(&text, "streamstate_transaction_timeout_seconds"),
+        20.0
+    );
+    assert!(text.contains("# TYPE streamstate_transaction_open_age_seconds gauge"));
+
+    wait_until(
+        "a checkpoint to commit and a new transaction to open",
+        Duration::from_secs(60),
+        || {
+            let v = view(&mut service);
+            v["committed"].as_u64().is_some_and(|c| c >= 1) && v["open"] == true
+        },
+    );
+    let next = view(&mut service);
+    assert!(
+        next["checkpoint_id"].as_u64().expect("id") > checkpoint,
+        "{next}"
+    );
+    assert!(next["transactions_begun"].as_u64().expect("begun") > begun);
+    assert_eq!(
+        next["aborted"], 0,
+        "the warned transaction still committed: {next}"
+    );
+    assert_eq!(
+        next["last_committed_checkpoint"], first["checkpoint"],
+        "the committed transaction was the one named at its start"
+    );
+    assert_eq!(service.terminate(Duration::from_secs(60)).code(), Some(0));
 }

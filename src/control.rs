@@ -9,6 +9,12 @@
 //!
 //! This module owns versioning and storage; what a rule *means* is the process
 //! function's, which sees each newer version first and may refuse it.
+//!
+//! The last [`HISTORY_VERSIONS`] applied versions of each rule (deletions included) are
+//! kept in a second broadcast state, `rules.history`, so every instance has the same
+//! history, it survives restores, and `POST /rules/{id}/rollback` can republish an older
+//! body as a new version. A separate state rather than a field of [`StoredRule`] keeps
+//! checkpoints written before the history existed restorable.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -21,6 +27,9 @@ use streamstate_state::{
 
 use crate::decode::{DecodeError, parse_json};
 
+/// The broadcast state holding each rule's [`RuleVersion`]s.
+pub const HISTORY_STATE: &str = "rules.history";
+
 /// Rules larger than this are refused; a rule is configuration, not data.
 pub const MAX_RULE_BYTES: usize = 64 * 1024;
 
@@ -29,6 +38,20 @@ pub const MAX_RULE_BYTES: usize = 64 * 1024;
 pub struct StoredRule {
     pub version: u64,
     /// `None` once deleted: the version stays so older publishes cannot resurrect it.
+    pub body: Option<String>,
+    pub applied_at_ms: u64,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// Applied versions kept per rule (the one in force included).
+pub const HISTORY_VERSIONS: usize = 10;
+
+/// One applied version in the `rules.history` broadcast state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleVersion {
+    pub version: u64,
+    /// `None` for a deletion.
     pub body: Option<String>,
     pub applied_at_ms: u64,
     pub partition: i32,
@@ -46,6 +69,73 @@ pub struct RuleView {
     pub control_partition: i32,
     pub control_offset: i64,
     pub rule: Value,
+    /// Events that passed the rule's filter since this process started (all versions;
+    /// replays after a restore count again). Filled in by the admin server from the
+    /// rule engine's metrics.
+    pub matches: u64,
+    /// Applied versions, oldest first, the one in force last; only `GET /rules/{id}`
+    /// shows it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<VersionView>,
+}
+
+/// One entry of [`RuleView::history`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VersionView {
+    pub version: u64,
+    pub status: String,
+    pub applied_at_ms: u64,
+    pub control_partition: i32,
+    pub control_offset: i64,
+    /// The body as published; `null` for a deletion.
+    pub rule: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RollbackError {
+    #[error("rule {0:?} has no earlier version with a body in its history")]
+    NoPreviousVersion(String),
+}
+
+impl RuleView {
+    /// The body `POST /rules/{id}/rollback` publishes: the newest earlier version that
+    /// was not a deletion, re-versioned as the current version + 1 (the runtime ignores
+    /// versions at or below the applied one). Rolling back twice therefore swaps back.
+    pub fn rollback_body(&self) -> Result<Value, RollbackError> {
+        // The last entry is the version in force (a tombstone keeps the version number it
+        // deleted, so the number alone cannot tell it from its predecessor).
+        let in_force = usize::from(
+            self.history
+                .last()
+                .is_some_and(|v| v.version == self.version),
+        );
+        let previous = self
+            .history
+            .iter()
+            .rev()
+            .skip(in_force)
+            .find(|v| v.rule.is_object())
+            .ok_or_else(|| RollbackError::NoPreviousVersion(self.id.clone()))?;
+        let mut body = previous.rule.clone();
+        if let Some(o) = body.as_object_mut() {
+            o.insert("version".into(), Value::from(self.version + 1));
+        }
+        Ok(body)
+    }
+}
+
+/// `deleted`, or the body's own `status` (`active` when it has none).
+fn status_of(body: &Value, deleted: bool) -> String {
+    match body.get("status").and_then(Value::as_str) {
+        _ if deleted => "deleted".to_string(),
+        Some(s) => s.to_string(),
+        None => "active".to_string(),
+    }
+}
+
+fn parse_body(body: Option<&str>) -> Value {
+    body.and_then(|b| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null)
 }
 
 pub type RulesView = Arc<RwLock<BTreeMap<String, RuleView>>>;
@@ -110,6 +200,7 @@ impl RuleRejection {
 
 pub struct Rules {
     state: BroadcastState<String, StoredRule>,
+    history: BroadcastState<String, Vec<RuleVersion>>,
     view: RulesView,
 }
 
@@ -117,9 +208,14 @@ impl Rules {
     /// Binds to the store's `rules` broadcast state (written only from here); `view` is
     /// what the admin server reads.
     pub fn new(store: &StateStore, view: RulesView) -> Self {
-        let state = BroadcastContext::new(store)
-            .broadcast_state(&MapStateDescriptor::<String, StoredRule>::new("rules"));
-        Self { state, view }
+        let ctx = BroadcastContext::new(store);
+        let state = ctx.broadcast_state(&MapStateDescriptor::<String, StoredRule>::new("rules"));
+        let history = ctx.broadcast_state(&MapStateDescriptor::new(HISTORY_STATE));
+        Self {
+            state,
+            history,
+            view,
+        }
     }
 
     pub fn view(&self) -> RulesView {
@@ -181,6 +277,17 @@ impl Rules {
         let Candidate { id, stored, .. } = candidate;
         crate::crash_point!("apply-rule");
         self.state.put(&id, &stored)?;
+        let mut history = self.history.get(&id)?.unwrap_or_default();
+        history.push(RuleVersion {
+            version: stored.version,
+            body: stored.body.clone(),
+            applied_at_ms: stored.applied_at_ms,
+            partition: stored.partition,
+            offset: stored.offset,
+        });
+        let excess = history.len().saturating_sub(HISTORY_VERSIONS);
+        history.drain(..excess);
+        self.history.put(&id, &history)?;
         self.refresh_view()?;
         Ok(if stored_is_deleted(&stored) {
             RuleOutcome::Deleted { id }
@@ -218,17 +325,27 @@ impl Rules {
     /// Rebuilds the admin view from broadcast state (after a restore or rewind).
     pub fn refresh_view(&self) -> Result<(), StateError> {
         let mut view = BTreeMap::new();
+        let mut histories: BTreeMap<String, Vec<RuleVersion>> =
+            self.history.entries()?.into_iter().collect();
         for (id, r) in self.state.entries()? {
-            let rule = r
-                .body
-                .as_deref()
-                .and_then(|b| serde_json::from_str(b).ok())
-                .unwrap_or(Value::Null);
-            let status = match rule.get("status").and_then(Value::as_str) {
-                _ if stored_is_deleted(&r) => "deleted".to_string(),
-                Some(s) => s.to_string(),
-                None => "active".to_string(),
-            };
+            let rule = parse_body(r.body.as_deref());
+            let status = status_of(&rule, stored_is_deleted(&r));
+            let history = histories
+                .remove(&id)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| {
+                    let rule = parse_body(v.body.as_deref());
+                    VersionView {
+                        version: v.version,
+                        status: status_of(&rule, v.body.is_none()),
+                        applied_at_ms: v.applied_at_ms,
+                        control_partition: v.partition,
+                        control_offset: v.offset,
+                        rule,
+                    }
+                })
+                .collect();
             view.insert(
                 id.clone(),
                 RuleView {
@@ -239,6 +356,8 @@ impl Rules {
                     control_partition: r.partition,
                     control_offset: r.offset,
                     rule,
+                    matches: 0,
+                    history,
                 },
             );
         }
@@ -421,6 +540,53 @@ mod tests {
     }
 
     #[test]
+    fn history_keeps_the_last_versions_and_rollback_picks_the_previous_body() {
+        let (_d, _s, r) = rules();
+        apply(&r, "a", Some(r#"{"id":"a","version":1,"x":"one"}"#));
+        let view = |r: &Rules| r.view().read().expect("view")["a"].clone();
+        assert_eq!(
+            view(&r).rollback_body(),
+            Err(RollbackError::NoPreviousVersion("a".into()))
+        );
+        apply(&r, "a", Some(r#"{"id":"a","version":2,"x":"two"}"#));
+        assert_eq!(
+            view(&r).rollback_body().expect("previous"),
+            serde_json::json!({"id":"a","version":3,"x":"one"})
+        );
+        // A deletion can be rolled back: the previous body comes back.
+        apply(
+            &r,
+            "a",
+            Some(r#"{"id":"a","version":3,"status":"deleted"}"#),
+        );
+        let deleted = view(&r);
+        assert_eq!(
+            deleted.history.last().map(|v| v.status.as_str()),
+            Some("deleted")
+        );
+        assert_eq!(
+            deleted.rollback_body().expect("previous"),
+            serde_json::json!({"id":"a","version":4,"x":"two"})
+        );
+        // A tombstone keeps the deleted version's number; rollback still finds the body.
+        apply(&r, "b", Some(r#"{"id":"b","version":7,"x":"seven"}"#));
+        apply(&r, "b", None);
+        assert_eq!(
+            r.view().read().expect("view")["b"]
+                .rollback_body()
+                .expect("previous"),
+            serde_json::json!({"id":"b","version":8,"x":"seven"})
+        );
+        for v in 4..20u64 {
+            apply(&r, "a", Some(&format!(r#"{{"id":"a","version":{v}}}"#)));
+        }
+        let h = view(&r).history;
+        assert_eq!(h.len(), HISTORY_VERSIONS);
+        assert_eq!(h.first().map(|v| v.version), Some(10));
+        assert_eq!(h.last().map(|v| v.version), Some(19));
+    }
+
+    #[test]
     fn rules_survive_snapshot_and_restore() {
         let (d, store, r) = rules();
         apply(&r, "a", Some(r#"{"id":"a","version":4}"#));
@@ -431,5 +597,11 @@ mod tests {
             .expect("restore");
         r.refresh_view().expect("view");
         assert_eq!(r.view().read().expect("view")["a"].version, 4);
+        let history: Vec<u64> = r.view().read().expect("view")["a"]
+            .history
+            .iter()
+            .map(|v| v.version)
+            .collect();
+        assert_eq!(history, vec![4], "history is restored with the rule");
     }
 }

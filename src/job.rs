@@ -108,6 +108,8 @@ pub struct Control {
     pub requests: Requests,
     /// Checkpoints and savepoints this run took, for the admin API.
     pub history: History,
+    /// The open Kafka transaction, for `GET /transactions` and its metrics.
+    pub transactions: Arc<crate::transactions::Transactions>,
     /// Unix ms of the loop's last turn (0 while starting); `/livez` checks it.
     pub heartbeat_ms: AtomicU64,
 }
@@ -261,7 +263,7 @@ impl Job {
         };
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
-        let sink = Sink::new(&config)?;
+        let sink = Sink::new(&config, control.transactions.clone())?;
         let storage = open_storage(&config)?;
         // A rescaled start: the set's offsets are committed for these partitions (each by
         // the old instance that owned it) until this instance commits its first checkpoint.
@@ -457,12 +459,12 @@ impl Job {
 
     /// Runs epochs until shutdown is requested; the last epoch ends with a checkpoint.
     pub fn run(mut self) -> Result<(), JobError> {
-        self.pipeline.sink.begin()?;
+        self.begin()?;
         if self.restored_from_savepoint {
             // Recovery must never need the savepoint again: make its state a checkpoint
             // before any record. A failure here ends the run (a restart retries it).
             self.checkpoint(Trigger::AfterSavepointRestore)?;
-            self.pipeline.sink.begin()?;
+            self.begin()?;
         }
         self.recover_abortable(|job| job.catch_up_control())?;
         self.control.ready.store(true, Ordering::SeqCst);
@@ -507,7 +509,7 @@ impl Job {
                     }
                     Ok(()) => {}
                 }
-                self.pipeline.sink.begin()?;
+                self.begin()?;
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
             }
@@ -536,9 +538,15 @@ impl Job {
                     Err(e) if is_disk_full(&e) => self.wait_for_space(e)?,
                     other => other?,
                 }
-                self.pipeline.sink.begin()?;
+                self.begin()?;
             }
         }
+    }
+
+    /// Opens the next epoch's transaction, named after the checkpoint that will end it.
+    fn begin(&mut self) -> Result<(), JobError> {
+        let next = CheckpointRef::new(self.next_checkpoint_id, &self.run);
+        Ok(self.pipeline.sink.begin(&next)?)
     }
 
     /// Reads the control topic up to its end before any input, so the rules in force

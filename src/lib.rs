@@ -12,7 +12,8 @@
 //!   [`functions`] holds the built-in ones, [`rules`] the rule engine (itself a function).
 //! - [`driver`]: runs one function over the state store: key scope, event time, timers.
 //! - [`control`]: control-topic records → versioned updates, kept in broadcast state.
-//! - [`sink`]: the transactional producer, one transaction per checkpoint epoch.
+//! - [`sink`]: the transactional producer, one transaction per checkpoint epoch;
+//!   [`transactions`] what operators see of the open transaction (age, checkpoint).
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`job`]: the loop that ties them together and runs the commit protocol.
@@ -70,6 +71,7 @@ pub mod service;
 pub mod sink;
 pub mod source;
 pub mod tools;
+pub mod transactions;
 
 /// What a configured failpoint does: die on the spot, like `kill -9`, leaving files and
 /// the open transaction exactly as they are.

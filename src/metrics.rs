@@ -43,6 +43,12 @@ pub struct Metrics {
     pub ttl_expired: IntCounter,
     pub http_requests: IntCounterVec,
     pub http_duration: prometheus::HistogramVec,
+    /// Set at every scrape from the transaction tracker, so it grows while the loop is
+    /// stuck inside a checkpoint (when a transaction hangs).
+    pub transaction_open_age: Gauge,
+    /// `kafka.transaction_timeout`, so alerts can compare the age with it.
+    pub transaction_timeout: Gauge,
+    pub transactions_near_timeout: IntCounter,
     started_at: u64,
 }
 
@@ -188,6 +194,18 @@ impl Metrics {
                 .buckets(prometheus::exponential_buckets(0.0005, 4.0, 10)?),
                 &["route"],
             )?,
+            transaction_open_age: Gauge::new(
+                "streamstate_transaction_open_age_seconds",
+                "Age of the open Kafka transaction (0 when none is open).",
+            )?,
+            transaction_timeout: Gauge::new(
+                "streamstate_transaction_timeout_seconds",
+                "The configured kafka.transaction_timeout (transaction.timeout.ms).",
+            )?,
+            transactions_near_timeout: IntCounter::new(
+                "streamstate_transaction_near_timeout_total",
+                "Transactions whose age passed 80% of transaction.timeout.ms while open.",
+            )?,
             started_at: now_secs(),
             registry,
         };
@@ -226,6 +244,12 @@ impl Metrics {
         m.registry.register(Box::new(m.ttl_expired.clone()))?;
         m.registry.register(Box::new(m.http_requests.clone()))?;
         m.registry.register(Box::new(m.http_duration.clone()))?;
+        m.registry
+            .register(Box::new(m.transaction_open_age.clone()))?;
+        m.registry
+            .register(Box::new(m.transaction_timeout.clone()))?;
+        m.registry
+            .register(Box::new(m.transactions_near_timeout.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("streamstate_build_info", "Build of this binary (value 1)."),
             &["version"],

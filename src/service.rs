@@ -63,6 +63,9 @@ pub fn serve(
     metrics
         .checkpoint_interval
         .set(config.checkpoint.interval.as_secs_f64());
+    metrics
+        .transaction_timeout
+        .set(config.kafka.transaction_timeout.as_secs_f64());
     runtime.block_on(async {
         let listen = config.admin.listen;
         let listener = admin::bind(listen).await.map_err(|source| ServiceError::Bind { addr: listen, source })?;
@@ -72,6 +75,7 @@ pub fn serve(
             axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
         });
         let signals = tokio::spawn(shutdown_on_signal(control.clone()));
+        let watcher = tokio::spawn(watch_transactions(control.clone(), metrics.clone()));
         info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");
         let job_control = control.clone();
         let job = tokio::task::spawn_blocking(move || match function {
@@ -85,10 +89,25 @@ pub fn serve(
         }
         control.shutdown.store(true, Ordering::SeqCst);
         signals.abort();
+        watcher.abort();
         let _ = stop_admin.send(());
         let _ = server.await;
         Ok(job.map_err(|_| ServiceError::Panicked)??)
     })
+}
+
+/// Warns (once per transaction) when the open transaction nears `transaction.timeout.ms`.
+/// Runs on the admin runtime, not the job loop, because a stuck loop is what makes a
+/// transaction hang.
+async fn watch_transactions(control: Arc<Control>, metrics: Metrics) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Some(warning) = control.transactions.check_near_timeout() {
+            warning.log();
+            metrics.transactions_near_timeout.inc();
+        }
+    }
 }
 
 async fn shutdown_on_signal(control: Arc<Control>) {

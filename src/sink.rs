@@ -6,6 +6,7 @@
 //! end the process. Retrying a failed *transaction* in place is how duplicates are
 //! born, so nothing here does that.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -15,8 +16,10 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use tracing::warn;
 
+use crate::checkpoint::CheckpointRef;
 use crate::config::Config;
 use crate::kafka_log::LogContext;
+use crate::transactions::Transactions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -41,11 +44,13 @@ pub struct Sink {
     transactional_id: String,
     /// Upper bound for one transactional call, retries included (`checkpoint.timeout`).
     timeout: Duration,
+    /// Told of every begin, commit and abort, for `GET /transactions` and the metrics.
+    tracker: Arc<Transactions>,
 }
 
 impl Sink {
     /// Creates the producer and fences any older instance with the same transactional id.
-    pub fn new(config: &Config) -> Result<Self, SinkError> {
+    pub fn new(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         for (k, v) in config
             .kafka
@@ -71,15 +76,21 @@ impl Sink {
             producer,
             transactional_id,
             timeout: config.checkpoint.timeout,
+            tracker,
         };
         sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
+        sink.tracker
+            .initialized(&sink.transactional_id, config.kafka.transaction_timeout);
         Ok(sink)
     }
 
-    pub fn begin(&self) -> Result<(), SinkError> {
+    /// Opens the transaction that `checkpoint`'s commit will end.
+    pub fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
         self.producer
             .begin_transaction()
-            .map_err(|e| self.classify(e))
+            .map_err(|e| self.classify(e))?;
+        self.tracker.begun(checkpoint);
+        Ok(())
     }
 
     /// Queues one record; waits for queue space rather than dropping anything.
@@ -150,11 +161,15 @@ impl Sink {
     /// The one atomic decision point: outputs, offsets and the named checkpoint become
     /// true together.
     pub fn commit(&self) -> Result<(), SinkError> {
-        self.retrying("commit_transaction", |p, t| p.commit_transaction(t))
+        self.retrying("commit_transaction", |p, t| p.commit_transaction(t))?;
+        self.tracker.committed();
+        Ok(())
     }
 
     pub fn abort(&self) -> Result<(), SinkError> {
-        self.retrying("abort_transaction", |p, t| p.abort_transaction(t))
+        self.retrying("abort_transaction", |p, t| p.abort_transaction(t))?;
+        self.tracker.aborted();
+        Ok(())
     }
 
     /// Calls `op` again while librdkafka says the error is retriable (e.g. the broker is

@@ -1,13 +1,17 @@
 //! The admin HTTP server: health, readiness, metrics, checkpoints, savepoints, stop,
-//! rules and state lookup. JSON in and out; see `docs/admin-api.md`.
+//! rules (and their rollback), transactions and state lookup. JSON in and out; see
+//! `docs/admin-api.md`.
 //!
-//! It never touches state, Kafka or checkpoint storage writes itself, so a slow or
+//! It never touches state, the job's transaction or checkpoint storage writes itself
+//! (its one Kafka write is a rollback's control-topic publish, see
+//! [`control_producer`]), so a slow or
 //! hostile client cannot stall the job loop: what needs the job goes through the
 //! bounded request channel ([`crate::requests`]) and is served by the loop between
 //! polls; history comes from what the loop publishes ([`crate::history`]) and, for
 //! savepoints of earlier runs, from reading the savepoint location.
 
 mod auth;
+mod control_producer;
 mod routes;
 
 use std::net::SocketAddr;
@@ -40,6 +44,8 @@ struct AppState {
     answer_timeout: Duration,
     /// `/livez` fails when the loop has not turned for this long.
     stall_limit: Duration,
+    /// Publishes rollbacks to the control topic.
+    publisher: Arc<control_producer::ControlProducer>,
 }
 
 pub fn router(
@@ -48,11 +54,13 @@ pub fn router(
     config: &Config,
 ) -> Result<Router, ConfigError> {
     let chk = &config.checkpoint;
+    let shared = Arc::new(config.clone());
     let state = AppState {
         control,
         metrics,
         token: config.admin_token()?.map(Arc::new),
-        config: Arc::new(config.clone()),
+        publisher: Arc::new(control_producer::ControlProducer::new(shared.clone())),
+        config: shared,
         busy: Arc::default(),
         answer_timeout: chk.timeout * 3 + Duration::from_secs(30),
         stall_limit: chk.timeout * 2 + chk.interval + Duration::from_secs(30),
@@ -62,6 +70,7 @@ pub fn router(
         .route("/checkpoints", post(routes::trigger_checkpoint))
         .route("/savepoints", post(routes::trigger_savepoint))
         .route("/stop", post(routes::stop))
+        .route("/rules/{id}/rollback", post(routes::rollback_rule))
         .route("/state/{key}", get(routes::key_state))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -75,7 +84,8 @@ pub fn router(
         .route("/checkpoints/{id}", get(routes::get_checkpoint))
         .route("/savepoints", get(routes::list_savepoints))
         .route("/rules", get(routes::rules))
-        .route("/rules/{id}", get(routes::rule));
+        .route("/rules/{id}", get(routes::rule))
+        .route("/transactions", get(routes::transactions));
     Ok(open
         .merge(guarded)
         .fallback(routes::not_found)

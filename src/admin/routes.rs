@@ -1,8 +1,10 @@
 //! The handlers. Errors are `{"error": "..."}` with a status that says whose fault it
 //! is: 400 bad input, 401 token, 404 unknown id or key, 409 a checkpoint already in
-//! flight, 413 body too large, 307 to the owner of a key (421 if `admin.peer_url` is
-//! unset), 503 job not ready or busy, 504 no answer in time.
+//! flight or no version to roll back to, 413 body too large, 307 to the owner of a key
+//! (421 if `admin.peer_url` is unset), 502 the broker refused a publish, 503 job not ready
+//! or busy, 504 no answer in time.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,8 +20,10 @@ use tokio::sync::oneshot;
 
 use super::AppState;
 use crate::checkpoint::CheckpointRef;
+use crate::control::RuleView;
 use crate::history::SavepointRecord;
 use crate::requests::{Reply, Request, SendError, StateAnswer};
+use crate::rules::metrics::RULE_MATCHES;
 use crate::savepoint::{self, SavepointRequest};
 
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, Json<Value>) {
@@ -65,6 +69,9 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 pub(super) async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+    s.metrics
+        .transaction_open_age
+        .set(s.control.transactions.open_age().as_secs_f64());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),
@@ -248,26 +255,92 @@ fn parse_body<T: Default + serde::de::DeserializeOwned>(
 
 // ------------------------------------------------------------------ rules and state
 
-/// The rules in force (and deleted ones, with the version that deleted them).
-pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
-    let rules = s
-        .control
-        .rules
-        .read()
-        .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
-    Ok(Json(rules.values().cloned().collect::<Vec<_>>()).into_response())
+/// Events that passed each rule's filter since start, from the rule engine's counter.
+fn rule_matches(s: &AppState) -> HashMap<String, u64> {
+    s.metrics
+        .registry()
+        .gather()
+        .iter()
+        .filter(|f| f.name() == RULE_MATCHES)
+        .flat_map(|f| f.get_metric())
+        .filter_map(|m| {
+            let id = m.get_label().iter().find(|l| l.name() == "rule")?;
+            Some((id.value().to_string(), m.get_counter().get_value() as u64))
+        })
+        .collect()
 }
 
-pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+fn rule_view(s: &AppState, id: &str) -> Result<RuleView, (StatusCode, Json<Value>)> {
     let rules = s
         .control
         .rules
         .read()
         .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
-    match rules.get(&id) {
-        Some(r) => Ok(Json(r.clone()).into_response()),
-        None => Err(error(StatusCode::NOT_FOUND, format!("no rule {id:?}"))),
-    }
+    rules
+        .get(id)
+        .cloned()
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, format!("no rule {id:?}")))
+}
+
+/// The rules in force (and deleted ones, with the version that deleted them), without
+/// their history.
+pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
+    let matches = rule_matches(&s);
+    let rules = s
+        .control
+        .rules
+        .read()
+        .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
+    let all: Vec<RuleView> = rules
+        .values()
+        .map(|r| RuleView {
+            matches: matches.get(&r.id).copied().unwrap_or(0),
+            history: Vec::new(),
+            ..r.clone()
+        })
+        .collect();
+    Ok(Json(all).into_response())
+}
+
+/// One rule with its version history.
+pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let mut view = rule_view(&s, &id)?;
+    view.matches = rule_matches(&s).get(&id).copied().unwrap_or(0);
+    Ok(Json(view).into_response())
+}
+
+/// Republishes the previous version's body as the current version + 1 to the control
+/// topic; every instance applies it from there. Answers once the broker has the record.
+pub(super) async fn rollback_rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let view = rule_view(&s, &id)?;
+    let body = view
+        .rollback_body()
+        .map_err(|e| error(StatusCode::CONFLICT, e.to_string()))?;
+    let bytes = serde_json::to_vec(&body)
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (partition, offset) = s.publisher.publish(&id, &bytes).await.map_err(|e| {
+        tracing::warn!(rule = %id, error = %e, "rollback not published");
+        error(StatusCode::BAD_GATEWAY, e.to_string())
+    })?;
+    let version = body.get("version").and_then(Value::as_u64);
+    tracing::info!(rule = %id, from = view.version, ?version, partition, offset, "rollback published to the control topic");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "id": id,
+            "rolled_back_from": view.version,
+            "version": version,
+            "control_partition": partition,
+            "control_offset": offset,
+            "rule": body,
+        })),
+    )
+        .into_response())
+}
+
+/// This instance's transactional id and the open transaction.
+pub(super) async fn transactions(State(s): State<AppState>) -> Json<Value> {
+    Json(json!(s.control.transactions.view()))
 }
 
 /// Every state of one key, read by the job loop between two records.

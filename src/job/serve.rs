@@ -98,7 +98,7 @@ impl Job {
     /// must be aborted) the usual rewind to the last committed checkpoint.
     fn after_checkpoint(&mut self, result: Result<(), JobError>) -> Result<(), JobError> {
         self.recover_abortable(|_| result)?;
-        self.pipeline.sink.begin()?;
+        self.begin()?;
         Ok(())
     }
 

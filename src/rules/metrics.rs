@@ -1,5 +1,7 @@
 //! The rule engine's metrics, on the job's private registry. Labels are bounded:
-//! `kind` (4 values) and `reason` (a fixed set) — never rule ids or keys.
+//! `kind` (4 values), `reason` (a fixed set) and, on the two per-rule counters, `rule`:
+//! rule ids are few and written by operators (a control-topic publish each), unlike keys,
+//! which never become labels.
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
@@ -14,7 +16,15 @@ pub struct RuleMetrics {
     pub evaluation_errors: IntCounterVec,
     /// Event-time windows an event could not join because the watermark had closed them.
     pub late_windows: IntCounter,
+    /// Events that passed a rule's filter, by rule id: what `GET /rules` shows as
+    /// `matches`, and how a shadow rule is judged before it may emit.
+    pub rule_matches: IntCounterVec,
+    /// Outputs a shadow rule computed and dropped, by rule id.
+    pub shadow_suppressed: IntCounterVec,
 }
+
+/// Name of [`RuleMetrics::rule_matches`], which the admin server reads back per rule.
+pub const RULE_MATCHES: &str = "streamstate_rule_matches_by_rule_total";
 
 impl RuleMetrics {
     fn build() -> Result<Self, prometheus::Error> {
@@ -48,6 +58,20 @@ impl RuleMetrics {
                 "streamstate_rule_late_window_events_total",
                 "Event-time windows an event missed because the watermark had already closed them.",
             )?,
+            rule_matches: IntCounterVec::new(
+                Opts::new(
+                    RULE_MATCHES,
+                    "Events that passed a rule's filter, by rule id (shadow rules included).",
+                ),
+                &["rule"],
+            )?,
+            shadow_suppressed: IntCounterVec::new(
+                Opts::new(
+                    "streamstate_rule_shadow_suppressed_outputs_total",
+                    "Output records a shadow rule computed and did not emit, by rule id.",
+                ),
+                &["rule"],
+            )?,
         })
     }
 
@@ -55,12 +79,14 @@ impl RuleMetrics {
     /// the metrics work but are not exported.
     pub fn new(registry: &Registry) -> Self {
         let m = Self::build().expect("static metric definitions are valid");
-        let all: [Box<dyn prometheus::core::Collector>; 5] = [
+        let all: [Box<dyn prometheus::core::Collector>; 7] = [
             Box::new(m.matches.clone()),
             Box::new(m.outputs.clone()),
             Box::new(m.dedup_dropped.clone()),
             Box::new(m.evaluation_errors.clone()),
             Box::new(m.late_windows.clone()),
+            Box::new(m.rule_matches.clone()),
+            Box::new(m.shadow_suppressed.clone()),
         ];
         for c in all {
             if let Err(e) = registry.register(c) {

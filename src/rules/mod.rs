@@ -14,6 +14,8 @@
 //! `rules` in every `open` (start and every restore). All per-key state is keyed state in
 //! namespaces that start with the rule id and version (see [`window`]), so a new version
 //! starts fresh and a timer knows whether the rule that set it is still in force.
+//! A `shadow` rule takes every step an active one does and is stopped only at
+//! `Env::emit`, so what it counts is what it would emit once promoted.
 //! Language reference: `docs/rules.md`.
 
 pub mod aggregate;
@@ -221,6 +223,8 @@ impl Env<'_, '_> {
             .with_label_values(&[reason])
             .inc();
     }
+    /// Emits `record`, unless the rule is a shadow: then it is only counted, so a shadow
+    /// rule runs exactly the code an active one does up to this point.
     pub fn emit(
         &self,
         out: &mut Output,
@@ -228,6 +232,13 @@ impl Env<'_, '_> {
         key: &str,
         record: &Value,
     ) -> Result<(), FunctionError> {
+        if rule.status == spec::Status::Shadow {
+            self.metrics
+                .shadow_suppressed
+                .with_label_values(&[&rule.id])
+                .inc();
+            return Ok(());
+        }
         self.metrics
             .outputs
             .with_label_values(&[rule.kind.name()])
@@ -329,6 +340,10 @@ impl ProcessFunction for RuleEngine {
             self.metrics
                 .matches
                 .with_label_values(&[rule.kind.name()])
+                .inc();
+            self.metrics
+                .rule_matches
+                .with_label_values(&[&rule.id])
                 .inc();
             match &rule.kind {
                 Kind::Aggregate(a) => aggregate::on_event(&env, states, rule, a, event, out)?,

@@ -144,10 +144,12 @@ struct RawAnomaly {
 // ---- compiled form -----------------------------------------------------------------
 
 /// `status`. `deleted` never reaches the engine (the runtime turns it into a deletion).
-/// A later `shadow` status (evaluate, count, do not emit) adds a variant here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Active,
+    /// Evaluated in full (state, timers, match counts) but never emits: a new rule can be
+    /// watched on live traffic before it may produce anything.
+    Shadow,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -290,10 +292,11 @@ pub fn compile(body: &Value) -> Result<Rule, RuleError> {
     }
     let status = match raw.status.as_deref() {
         None | Some("active") => Status::Active,
+        Some("shadow") => Status::Shadow,
         Some(other) => {
             return Err(RuleError::new(
                 reason::BAD_STATUS,
-                format!("status: `{other}` is not supported (active or deleted)"),
+                format!("status: `{other}` is not supported (active, shadow or deleted)"),
             ));
         }
     };
@@ -736,7 +739,7 @@ mod tests {
             reason::UNKNOWN_FIELD
         );
         assert_eq!(
-            refused(with("/status", json!("shadow"))),
+            refused(with("/status", json!("paused"))),
             reason::BAD_STATUS
         );
         assert_eq!(refused(with("/version", json!("1"))), reason::INVALID);

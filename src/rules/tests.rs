@@ -211,6 +211,32 @@ fn output_record_shape_and_topic() {
 }
 
 #[test]
+fn shadow_rule_keeps_state_and_counts_matches_but_emits_nothing() {
+    let mut h = proc_time();
+    let rule = |version: u64, status: &str| {
+        json!({"id": "s", "version": version, "status": status, "kind": "aggregate",
+               "filter": {"field": "/a", "gte": 1},
+               "aggregate": {"fn": "count", "emit": "every_event"}})
+    };
+    assert_eq!(h.rule(rule(1, "shadow")), None);
+    assert!(h.ev("k", json!({"a": 1}), None).is_empty());
+    assert!(h.ev("k", json!({"a": 2}), None).is_empty());
+    assert!(h.ev("k", json!({"a": 0}), None).is_empty(), "filtered out");
+    assert_eq!(h.metric("streamstate_rule_matches_by_rule_total"), 2.0);
+    assert_eq!(
+        h.metric("streamstate_rule_shadow_suppressed_outputs_total"),
+        2.0
+    );
+    assert_eq!(h.metric("streamstate_rule_outputs_total"), 0.0);
+    // Promotion is a new version, and a new version starts its state afresh.
+    assert_eq!(h.rule(rule(2, "active")), None);
+    let out = h.ev("k", json!({"a": 3}), None);
+    assert_eq!(vals(&out), vec![json!(1)]);
+    assert_eq!(out[0]["rule_version"], 2);
+    assert_eq!(h.metric("streamstate_rule_matches_by_rule_total"), 3.0);
+}
+
+#[test]
 fn tumbling_event_time_boundaries_and_late_events() {
     let mut h = event_time();
     h.rule(agg("s", 1, json!({"fn": "sum", "field": "/amount", "window": {"type": "tumbling", "size": "1m"}, "emit": "on_window_close"})));
@@ -843,7 +869,7 @@ fn malformed_rules_are_refused_and_the_previous_version_stays() {
             "rule_bad_window",
         ),
         (
-            json!({"id": "c", "version": 8, "kind": "aggregate", "status": "shadow", "aggregate": {"fn": "count"}}),
+            json!({"id": "c", "version": 8, "kind": "aggregate", "status": "paused", "aggregate": {"fn": "count"}}),
             "rule_bad_status",
         ),
         (

@@ -1,0 +1,253 @@
+//! The open Kafka transaction as operators see it: `GET /transactions`, the
+//! `streamstate_transaction_*` metrics and the near-timeout warning.
+//!
+//! The sink reports every begin, commit and abort here; the admin server and a watcher
+//! task read it. It lives outside the job loop on purpose: a transaction hangs exactly
+//! when the loop is stuck (a slow snapshot upload, a broker that will not answer), so
+//! the age must keep growing and the warning must fire without the loop's help.
+//!
+//! The broker aborts a transaction that stays open longer than `transaction.timeout.ms`;
+//! this instance then learns it at commit time and rewinds (or, if a newer producer took
+//! the id, exits). The warning at [`WARN_FRACTION`] of the timeout says that is coming.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::checkpoint::CheckpointRef;
+
+/// The warning fires once per transaction when its age passes this share of
+/// `transaction.timeout.ms`.
+pub const WARN_FRACTION: f64 = 0.8;
+
+/// What `GET /transactions` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TransactionView {
+    pub transactional_id: String,
+    /// `init_transactions` calls this process made (1 once started). Each one raised the
+    /// broker's producer epoch for the transactional id and fenced every older holder of
+    /// it; librdkafka does not expose the epoch number itself (`kafka-transactions.sh
+    /// describe` shows it).
+    pub producer_inits: u64,
+    /// Unix ms of the last `init_transactions`.
+    pub producer_initialized_at_ms: Option<u64>,
+    /// Transactions this process began: the job's epoch counter (epoch `e` writes `T_e`).
+    pub transactions_begun: u64,
+    pub open: bool,
+    /// Unix ms the open transaction began.
+    pub opened_at_ms: Option<u64>,
+    pub age_ms: Option<u64>,
+    /// The checkpoint whose commit ends the open transaction (`chk-<id>-<run>`).
+    pub checkpoint: Option<String>,
+    pub checkpoint_id: Option<u64>,
+    /// The last checkpoint whose transaction this process committed.
+    pub last_committed_checkpoint: Option<String>,
+    pub committed: u64,
+    pub aborted: u64,
+    /// `kafka.transaction_timeout` as sent to the broker.
+    pub transaction_timeout_ms: u64,
+    /// Age at which the near-timeout warning fires.
+    pub warn_after_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    transactional_id: String,
+    timeout: Duration,
+    inits: u64,
+    initialized_at_ms: Option<u64>,
+    begun: u64,
+    /// Unix ms and checkpoint of the open transaction.
+    open: Option<(u64, CheckpointRef)>,
+    last_committed: Option<CheckpointRef>,
+    committed: u64,
+    aborted: u64,
+    /// The open transaction was already warned about.
+    warned: bool,
+}
+
+/// The near-timeout warning, logged once per transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NearTimeout {
+    pub transactional_id: String,
+    pub checkpoint: String,
+    pub age: Duration,
+    pub timeout: Duration,
+}
+
+impl NearTimeout {
+    pub fn log(&self) {
+        tracing::warn!(
+            event = "transaction_near_timeout",
+            transactional_id = %self.transactional_id,
+            checkpoint = %self.checkpoint,
+            age_ms = self.age.as_millis() as u64,
+            timeout_ms = self.timeout.as_millis() as u64,
+            "the open transaction nears transaction.timeout.ms: the broker will abort it and this \
+             epoch will be redone; see docs/reliability.md (hanging transactions)"
+        );
+    }
+}
+
+/// Shared between the sink (writer) and the admin server and watcher (readers).
+#[derive(Debug, Default)]
+pub struct Transactions {
+    inner: Mutex<Inner>,
+}
+
+impl Transactions {
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        // A panic while holding this lock cannot leave the fields inconsistent in a way
+        // that matters for a read-only view, so a poisoned lock is used as is.
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+
+    /// `init_transactions` returned for `transactional_id`.
+    pub fn initialized(&self, transactional_id: &str, timeout: Duration) {
+        self.with(|i| {
+            i.transactional_id = transactional_id.to_string();
+            i.timeout = timeout;
+            i.inits += 1;
+            i.initialized_at_ms = Some(unix_ms());
+            i.open = None;
+        });
+    }
+
+    pub fn begun(&self, checkpoint: &CheckpointRef) {
+        self.with(|i| {
+            i.begun += 1;
+            i.open = Some((unix_ms(), checkpoint.clone()));
+            i.warned = false;
+        });
+    }
+
+    pub fn committed(&self) {
+        self.with(|i| {
+            i.committed += 1;
+            i.last_committed = i.open.take().map(|(_, c)| c);
+        });
+    }
+
+    pub fn aborted(&self) {
+        self.with(|i| {
+            i.aborted += 1;
+            i.open = None;
+        });
+    }
+
+    /// Age of the open transaction; zero when none is open.
+    pub fn open_age(&self) -> Duration {
+        self.with(|i| {
+            i.open.as_ref().map_or(Duration::ZERO, |(at, _)| {
+                Duration::from_millis(unix_ms().saturating_sub(*at))
+            })
+        })
+    }
+
+    pub fn view(&self) -> TransactionView {
+        let now = unix_ms();
+        self.with(|i| TransactionView {
+            transactional_id: i.transactional_id.clone(),
+            producer_inits: i.inits,
+            producer_initialized_at_ms: i.initialized_at_ms,
+            transactions_begun: i.begun,
+            open: i.open.is_some(),
+            opened_at_ms: i.open.as_ref().map(|(at, _)| *at),
+            age_ms: i.open.as_ref().map(|(at, _)| now.saturating_sub(*at)),
+            checkpoint: i.open.as_ref().map(|(_, c)| c.to_string()),
+            checkpoint_id: i.open.as_ref().map(|(_, c)| c.id),
+            last_committed_checkpoint: i.last_committed.as_ref().map(ToString::to_string),
+            committed: i.committed,
+            aborted: i.aborted,
+            transaction_timeout_ms: i.timeout.as_millis() as u64,
+            warn_after_ms: i.timeout.mul_f64(WARN_FRACTION).as_millis() as u64,
+        })
+    }
+
+    /// The warning for the open transaction, the first time its age passes
+    /// [`WARN_FRACTION`] of the timeout; `None` otherwise.
+    pub fn check_near_timeout(&self) -> Option<NearTimeout> {
+        self.check_at(unix_ms())
+    }
+
+    fn check_at(&self, now_ms: u64) -> Option<NearTimeout> {
+        self.with(|i| {
+            let (at, checkpoint) = i.open.as_ref()?;
+            let age = Duration::from_millis(now_ms.saturating_sub(*at));
+            if i.warned || i.timeout.is_zero() || age < i.timeout.mul_f64(WARN_FRACTION) {
+                return None;
+            }
+            i.warned = true;
+            Some(NearTimeout {
+                transactional_id: i.transactional_id.clone(),
+                checkpoint: checkpoint.to_string(),
+                age,
+                timeout: i.timeout,
+            })
+        })
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_follows_begin_commit_and_abort() {
+        let t = Transactions::default();
+        t.initialized("app-0", Duration::from_secs(60));
+        let v = t.view();
+        assert_eq!(
+            (v.producer_inits, v.open, v.transactions_begun),
+            (1, false, 0)
+        );
+        assert_eq!(
+            (v.transaction_timeout_ms, v.warn_after_ms),
+            (60_000, 48_000)
+        );
+        let c1 = CheckpointRef::new(1, "r");
+        t.begun(&c1);
+        let v = t.view();
+        assert!(v.open);
+        assert_eq!(v.checkpoint_id, Some(1));
+        assert_eq!(v.checkpoint.as_deref(), Some(c1.to_string().as_str()));
+        t.committed();
+        let v = t.view();
+        assert!(!v.open && v.age_ms.is_none());
+        assert_eq!(v.last_committed_checkpoint, Some(c1.to_string()));
+        t.begun(&CheckpointRef::new(2, "r"));
+        t.aborted();
+        let v = t.view();
+        assert_eq!((v.transactions_begun, v.committed, v.aborted), (2, 1, 1));
+        assert_eq!(t.open_age(), Duration::ZERO);
+    }
+
+    #[test]
+    fn near_timeout_warns_once_per_transaction_past_the_fraction() {
+        let t = Transactions::default();
+        t.initialized("app-0", Duration::from_secs(10));
+        assert_eq!(t.check_at(unix_ms() + 60_000), None, "nothing open");
+        t.begun(&CheckpointRef::new(1, "r"));
+        let opened = t.view().opened_at_ms.expect("open");
+        assert_eq!(t.check_at(opened + 7_999), None);
+        let w = t.check_at(opened + 8_000).expect("warning at 80%");
+        assert_eq!(w.age, Duration::from_secs(8));
+        assert_eq!(w.transactional_id, "app-0");
+        assert_eq!(t.check_at(opened + 9_000), None, "once per transaction");
+        t.committed();
+        t.begun(&CheckpointRef::new(2, "r"));
+        let opened = t.view().opened_at_ms.expect("open");
+        assert!(
+            t.check_at(opened + 8_500).is_some(),
+            "a new transaction warns again"
+        );
+    }
+}
