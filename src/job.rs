@@ -647,7 +647,7 @@ impl Job {
         let parts: Vec<_> = self.pipeline.offsets.keys().cloned().collect();
         let mut backoff = Duration::from_millis(500);
         let committed = loop {
-            let attempt = Sink::new(&self.pipeline.config)
+            let attempt = Sink::new(&self.pipeline.config, self.control.transactions.clone())
                 .map_err(JobError::from)
                 .and_then(|sink| {
                     self.pipeline.sink = sink;
