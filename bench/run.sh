@@ -13,7 +13,9 @@
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
 #   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
-#   BENCH_CARGO_FEATURES [""]  extra features for the streamstate build (e.g. failpoints)
+#   BENCH_CARGO_FEATURES [""]  extra features for the build (e.g. streamstate/failpoints, to
+#                               reuse a test build; the crash points stay inert)
+#   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
 #   KAFKA_PORT [19792] KAFKA_CONTROLLER_PORT [19793] STREAMSTATE_KAFKA_HOME [$BENCH_WORK/kafka]
 #   CARGO_TARGET_DIR [target]
 set -euo pipefail
@@ -39,7 +41,8 @@ mkdir -p "$WORK"
 log "building (release)"
 features=()
 [[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
-(cd "$ROOT" && cargo build --release "${features[@]}" --bin streamstate -p streamstate -p streamstate-bench-generator >&2)
+(cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
+    --bin streamstate --bin bench-generator --bin bench-latency >&2)
 
 log "python venv (confluent-kafka, matplotlib)"
 VENV="$WORK/venv"
@@ -70,7 +73,7 @@ if ! "$ROOT/integration-tests/kafka/kafka.sh" status >/dev/null 2>&1; then
     taskset -c 0 "$ROOT/integration-tests/kafka/kafka.sh" start
     started_broker=1
 fi
-broker_pid="$("$ROOT/integration-tests/kafka/kafka.sh" status)"
+broker_pid="$("$ROOT/integration-tests/kafka/kafka.sh" status | grep -oE 'pid [0-9]+' | cut -d' ' -f2)"
 taskset -a -p -c 0 "$broker_pid" >/dev/null
 stop_broker() { (( started_broker )) && "$ROOT/integration-tests/kafka/kafka.sh" stop || true; }
 trap stop_broker EXIT
@@ -89,5 +92,5 @@ log "input: $summary"
     --contenders "$CONTENDERS" --repeats "$REPEATS" --interval "$INTERVAL" \
     --work "$WORK/runs/$run_id" --generator-summary "$summary" --label "${BENCH_LABEL:-}" \
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
-    --keys "$KEYS" --dist "$DIST" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
+    --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
     "${extra[@]}"
