@@ -185,12 +185,24 @@ impl Sink {
             return Err(SinkError::Undelivered(failed));
         }
         let pending = alo.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(offsets) = pending {
-            alo.committer
-                .commit(&offsets, CommitMode::Sync)
-                .map_err(SinkError::Kafka)?;
+        let Some(offsets) = pending else {
+            return Ok(());
+        };
+        // A coordinator that moves or a broker that is briefly away is waited out, as the
+        // transactional calls are (`retrying`), within the checkpoint timeout.
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match alo.committer.commit(&offsets, CommitMode::Sync) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::ConsumerCommit(code))
+                    if is_retriable_commit(code) && Instant::now() < deadline =>
+                {
+                    warn!(error = %code, "offset commit failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(SinkError::Kafka(e)),
+            }
         }
-        Ok(())
     }
 
     /// At least once there is nothing to abort: what was sent stays, and the rewind
@@ -279,4 +291,21 @@ fn committer(config: &Config) -> Result<BaseConsumer<LogContext>, SinkError> {
         .set("enable.auto.commit", "false")
         .create_with_context(LogContext::default())
         .map_err(SinkError::Kafka)
+}
+
+/// Offset-commit errors that a retry can cure (coordinator moving or loading, timeouts,
+/// connections down).
+fn is_retriable_commit(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::NotCoordinator
+            | RDKafkaErrorCode::CoordinatorNotAvailable
+            | RDKafkaErrorCode::CoordinatorLoadInProgress
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::RebalanceInProgress
+    )
 }
