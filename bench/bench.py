@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -226,6 +227,7 @@ def run_recovery(a, spec, total):
     finally:
         progress.close()
         stop(proc, logf)
+        drop_state(run_dir)
     log(json.dumps(result))
     return result
 
@@ -262,6 +264,10 @@ def run_one(a, name, spec, repeat, total):
             if done >= total:
                 break
             time.sleep(0.1)
+        if first[1] >= total:
+            # The whole input committed at the first observation (a tiny input): the
+            # window is the whole run, start-up included.
+            first = (started, 0, 0.0)
         if name.startswith(("P", "J", "S")):
             samples = scrape(a.admin_port)
             metrics = {k: samples.get(k) for k in (
@@ -281,14 +287,8 @@ def run_one(a, name, spec, repeat, total):
         log(result["error"])
     finally:
         progress.close()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        logf.close()
+        stop(proc, logf)
+        drop_state(run_dir)
     if "error" not in result:
         check = subprocess.run([sys.executable, str(HERE / "check.py"), "--bootstrap", a.bootstrap,
                                 "--input", a.input, "--output", output, "--contract", contract]
@@ -322,6 +322,13 @@ def stop(proc, logf):
     logf.close()
 
 
+def drop_state(run_dir):
+    """A run's local state and checkpoints are measured, then deleted (only its log stays):
+    a full run would otherwise fill the disk."""
+    for d in ("state", "checkpoints"):
+        shutil.rmtree(run_dir / d, ignore_errors=True)
+
+
 def wait_committed(a, proc, progress, target, what):
     deadline = time.monotonic() + a.timeout
     while True:
@@ -353,6 +360,7 @@ def run_latency(a, name, spec, load, max_eps):
         ["taskset", "-c", a.broker_cpu, a.generator, "--bootstrap", a.bootstrap, "--topic", input_topic,
          "--partitions", str(a.partitions), "--keys", str(a.keys), "--dist", a.dist, *extra],
         check=True, capture_output=True, text=True)
+    reader = None
     try:
         # Priming: the contender is up and processing before the measured load starts.
         gen("--events", "1000", "--seed", "7")
@@ -370,8 +378,12 @@ def run_latency(a, name, spec, load, max_eps):
             json.JSONDecodeError, IndexError) as e:
         result["error"] = str(e)
     finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
         progress.close()
         stop(proc, logf)
+        drop_state(run_dir)
     log(json.dumps(result))
     return result
 

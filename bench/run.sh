@@ -75,7 +75,14 @@ if ! "$ROOT/integration-tests/kafka/kafka.sh" status >/dev/null 2>&1; then
 fi
 broker_pid="$("$ROOT/integration-tests/kafka/kafka.sh" status | grep -oE 'pid [0-9]+' | cut -d' ' -f2)"
 taskset -a -p -c 0 "$broker_pid" >/dev/null
-stop_broker() { (( started_broker )) && "$ROOT/integration-tests/kafka/kafka.sh" stop || true; }
+# A broker this script started is stopped and its data deleted (a full run writes tens of
+# GB of topics); one that was already running is left as it was.
+stop_broker() {
+    if (( started_broker )); then
+        "$ROOT/integration-tests/kafka/kafka.sh" stop || true
+        "$ROOT/integration-tests/kafka/kafka.sh" reset || true
+    fi
+}
 trap stop_broker EXIT
 
 run_id="$(date -u +%Y%m%d%H%M%S)"
