@@ -110,7 +110,8 @@ pub struct JobConfig {
     #[serde(default)]
     pub repartition: bool,
     /// The process function: `rules` (the built-in rule engine, driven by the control
-    /// topic) or `count` (a running count per key).
+    /// topic), `count` (a running count per key), or the benchmark baselines `json`
+    /// (decode and re-encode, no state) and `passthrough` (bytes in, bytes out).
     #[serde(default)]
     pub function: FunctionKind,
     /// JSON pointer to the event time (ms since the epoch as a number, or an RFC 3339
@@ -135,6 +136,22 @@ pub struct JobConfig {
     /// long without an update. Unset: kept until the rule is deleted.
     #[serde(default, with = "humantime_serde")]
     pub state_ttl: Option<Duration>,
+    /// `exactly_once` (default): outputs and offsets commit in one Kafka transaction per
+    /// checkpoint. `at_least_once`: an idempotent, non-transactional producer; at each
+    /// checkpoint the outputs are flushed, then the offsets (naming the checkpoint) are
+    /// committed, so a crash in between replays the epoch and duplicates its outputs.
+    /// Readers see outputs as soon as they are written; no zombie fencing.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+}
+
+/// `[job] guarantee`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    #[default]
+    ExactlyOnce,
+    AtLeastOnce,
 }
 
 /// `[job] function`.
@@ -144,6 +161,8 @@ pub enum FunctionKind {
     #[default]
     Rules,
     Count,
+    Json,
+    Passthrough,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -378,6 +397,12 @@ impl Config {
             return invalid(
                 "job.instance",
                 "must be below job.instances (instances are numbered 0..instances)",
+            );
+        }
+        if self.job.repartition && self.job.function == FunctionKind::Passthrough {
+            return invalid(
+                "job.repartition",
+                "needs a state key, which function = \"passthrough\" never reads; use it with another function",
             );
         }
         if self.job.repartition {

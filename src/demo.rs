@@ -53,6 +53,7 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             max_event_time_skew: None,
             idle_timeout: None,
             state_ttl: None,
+            guarantee: Default::default(),
         },
         state: StateConfig {
             dir: work.join("state"),

@@ -185,6 +185,8 @@ impl Job {
     ) -> Result<Self, JobError> {
         let function: Box<dyn ProcessFunction> = match config.job.function {
             FunctionKind::Count => Box::new(Count::default()),
+            FunctionKind::Json => Box::new(crate::functions::Json),
+            FunctionKind::Passthrough => Box::new(crate::functions::Passthrough),
             FunctionKind::Rules => {
                 Box::new(crate::rules::RuleEngine::new(&config, metrics.clone()))
             }
@@ -899,6 +901,12 @@ impl Pipeline {
             .records_consumed
             .with_label_values(&[topic, &partition_label])
             .inc();
+        if self.config.job.function == FunctionKind::Passthrough {
+            self.pass_through(msg)?;
+            self.offsets
+                .insert((topic.to_string(), partition), offset + 1);
+            return Ok(());
+        }
         let read_from = (topic.to_string(), partition);
         let hop2 = self.repartition.as_deref() == Some(topic);
         // A forwarded record names its original input, so functions and dead letters see
@@ -1072,6 +1080,19 @@ impl Pipeline {
                 .with_label_values(&[topic])
                 .inc();
         }
+        Ok(())
+    }
+
+    /// `[job] function = "passthrough"`: the record's key and value, unchanged, to the
+    /// output topic in the current transaction (see [`crate::functions::passthrough`]).
+    fn pass_through(&self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        let topic = &self.config.kafka.output_topic;
+        self.sink
+            .send(topic, msg.key(), msg.payload().unwrap_or_default(), None)?;
+        self.metrics
+            .records_produced
+            .with_label_values(&[topic])
+            .inc();
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 //! it differs from the previous one and counts the repeats.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -16,6 +17,9 @@ use tracing::{debug, info, warn};
 #[derive(Default)]
 pub struct LogContext {
     last_error: Mutex<Option<(String, u64)>>,
+    /// Records the producer gave up on; the at-least-once sink refuses to commit offsets
+    /// past them.
+    delivery_failures: AtomicU64,
 }
 
 impl ClientContext for LogContext {
@@ -39,6 +43,11 @@ impl ClientContext for LogContext {
 }
 
 impl LogContext {
+    /// Deliveries that failed since the client was created.
+    pub fn delivery_failures(&self) -> u64 {
+        self.delivery_failures.load(Ordering::SeqCst)
+    }
+
     fn once(&self, text: String) {
         let Ok(mut last) = self.last_error.lock() else {
             return;
@@ -62,10 +71,12 @@ impl ConsumerContext for LogContext {}
 
 impl ProducerContext for LogContext {
     type DeliveryOpaque = ();
-    /// A failed delivery also fails the transaction's commit, which ends the epoch; the
-    /// log line says which record class failed first.
+    /// A failed delivery also fails the transaction's commit, which ends the epoch (or,
+    /// at least once, the sink's next commit); the log line says which record class
+    /// failed first.
     fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {
         if let Err((e, _)) = result {
+            self.delivery_failures.fetch_add(1, Ordering::SeqCst);
             self.once(format!("delivery failed: {e}"));
         }
     }

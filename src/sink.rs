@@ -5,19 +5,25 @@
 //! the transaction and the job rewinds to its last checkpoint; fencing and fatal ones
 //! end the process. Retrying a failed *transaction* in place is how duplicates are
 //! born, so nothing here does that.
+//!
+//! With `[job] guarantee = "at_least_once"` the same calls run without a transaction:
+//! `begin` and `abort` do nothing, `send_offsets` keeps the offsets, and `commit` flushes
+//! every output first and then commits the offsets through a consumer of the group — the
+//! checkpoint protocol unchanged, minus atomicity (a crash between the two replays the
+//! epoch). A record the producer gave up on ends the instance instead of being skipped.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, TopicPartitionList};
 use tracing::warn;
 
 use crate::checkpoint::CheckpointRef;
-use crate::config::Config;
+use crate::config::{Config, Guarantee};
 use crate::kafka_log::LogContext;
 use crate::transactions::Transactions;
 
@@ -35,6 +41,10 @@ pub enum SinkError {
         timeout: Duration,
         last: KafkaError,
     },
+    #[error(
+        "{0} output records could not be delivered (at least once): exiting so the restart replays them"
+    )]
+    Undelivered(u64),
 }
 
 pub struct Sink {
@@ -46,6 +56,17 @@ pub struct Sink {
     timeout: Duration,
     /// Told of every begin, commit and abort, for `GET /transactions` and the metrics.
     tracker: Arc<Transactions>,
+    /// Set for `guarantee = "at_least_once"`: no transactions.
+    at_least_once: Option<AtLeastOnce>,
+}
+
+/// What the at-least-once sink needs besides the producer.
+struct AtLeastOnce {
+    /// Commits the offsets into the job's consumer group (manual assignment, like the
+    /// source, so it joins no group and moves no partition).
+    committer: BaseConsumer<LogContext>,
+    /// The offsets `send_offsets` was given, committed by the next `commit`.
+    pending: Mutex<Option<TopicPartitionList>>,
 }
 
 impl Sink {
@@ -62,13 +83,21 @@ impl Sink {
         }
         let transactional_id = config.transactional_id();
         cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
-            .set("transactional.id", &transactional_id)
             .set("enable.idempotence", "true")
-            .set(
-                "transaction.timeout.ms",
-                config.kafka.transaction_timeout.as_millis().to_string(),
-            )
             .set("linger.ms", "5");
+        let at_least_once = match config.job.guarantee {
+            Guarantee::ExactlyOnce => {
+                cc.set("transactional.id", &transactional_id).set(
+                    "transaction.timeout.ms",
+                    config.kafka.transaction_timeout.as_millis().to_string(),
+                );
+                None
+            }
+            Guarantee::AtLeastOnce => Some(AtLeastOnce {
+                committer: committer(config)?,
+                pending: Mutex::new(None),
+            }),
+        };
         let producer: ThreadedProducer<LogContext> = cc
             .create_with_context(LogContext::default())
             .map_err(SinkError::Kafka)?;
@@ -77,15 +106,21 @@ impl Sink {
             transactional_id,
             timeout: config.checkpoint.timeout,
             tracker,
+            at_least_once,
         };
-        sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
-        sink.tracker
-            .initialized(&sink.transactional_id, config.kafka.transaction_timeout);
+        if sink.at_least_once.is_none() {
+            sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
+            sink.tracker
+                .initialized(&sink.transactional_id, config.kafka.transaction_timeout);
+        }
         Ok(sink)
     }
 
     /// Opens the transaction that `checkpoint`'s commit will end.
     pub fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
+        if self.at_least_once.is_some() {
+            return Ok(());
+        }
         self.producer
             .begin_transaction()
             .map_err(|e| self.classify(e))?;
@@ -153,6 +188,10 @@ impl Sink {
         offsets: &rdkafka::TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<(), SinkError> {
+        if let Some(alo) = &self.at_least_once {
+            *alo.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(offsets.clone());
+            return Ok(());
+        }
         self.retrying("send_offsets_to_transaction", |p, t| {
             p.send_offsets_to_transaction(offsets, group, t)
         })
@@ -161,12 +200,57 @@ impl Sink {
     /// The one atomic decision point: outputs, offsets and the named checkpoint become
     /// true together.
     pub fn commit(&self) -> Result<(), SinkError> {
-        self.retrying("commit_transaction", |p, t| p.commit_transaction(t))?;
-        self.tracker.committed();
-        Ok(())
+        match &self.at_least_once {
+            None => {
+                self.retrying("commit_transaction", |p, t| p.commit_transaction(t))?;
+                self.tracker.committed();
+                Ok(())
+            }
+            Some(alo) => self.flush_then_commit_offsets(alo),
+        }
     }
 
+    /// At least once: every output of the epoch is acknowledged before the offsets that
+    /// would skip its inputs are committed.
+    fn flush_then_commit_offsets(&self, alo: &AtLeastOnce) -> Result<(), SinkError> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|last| SinkError::TimedOut {
+                what: "flush",
+                timeout: self.timeout,
+                last,
+            })?;
+        let failed = self.producer.context().delivery_failures();
+        if failed > 0 {
+            return Err(SinkError::Undelivered(failed));
+        }
+        let pending = alo.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(offsets) = pending else {
+            return Ok(());
+        };
+        // A coordinator that moves or a broker that is briefly away is waited out, as the
+        // transactional calls are (`retrying`), within the checkpoint timeout.
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match alo.committer.commit(&offsets, CommitMode::Sync) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::ConsumerCommit(code))
+                    if is_retriable_commit(code) && Instant::now() < deadline =>
+                {
+                    warn!(error = %code, "offset commit failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(SinkError::Kafka(e)),
+            }
+        }
+    }
+
+    /// At least once there is nothing to abort: what was sent stays, and the rewind
+    /// replays it (duplicates, as the guarantee allows).
     pub fn abort(&self) -> Result<(), SinkError> {
+        if self.at_least_once.is_some() {
+            return Ok(());
+        }
         self.retrying("abort_transaction", |p, t| p.abort_transaction(t))?;
         self.tracker.aborted();
         Ok(())
@@ -231,4 +315,39 @@ impl Sink {
             _ => SinkError::Kafka(e),
         }
     }
+}
+
+/// The at-least-once sink's offset committer: the source's group, no subscription.
+fn committer(config: &Config) -> Result<BaseConsumer<LogContext>, SinkError> {
+    let mut cc = ClientConfig::new();
+    for (k, v) in config
+        .kafka
+        .properties
+        .iter()
+        .chain(&config.kafka.consumer_properties)
+    {
+        cc.set(k, v);
+    }
+    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
+        .set("group.id", &config.kafka.app_id)
+        .set("enable.auto.commit", "false")
+        .create_with_context(LogContext::default())
+        .map_err(SinkError::Kafka)
+}
+
+/// Offset-commit errors that a retry can cure (coordinator moving or loading, timeouts,
+/// connections down).
+fn is_retriable_commit(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::NotCoordinator
+            | RDKafkaErrorCode::CoordinatorNotAvailable
+            | RDKafkaErrorCode::CoordinatorLoadInProgress
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::RebalanceInProgress
+    )
 }

@@ -3,10 +3,16 @@
 //! - `rules`: the rule engine, driven by JSON rules on the control topic ([`crate::rules`]).
 //! - `count`: a running count per key; the smallest stateful job, for smoke tests and as
 //!   the baseline the exactly-once battery checks against a reference model.
+//! - `json`: decode and re-encode each event, no state (benchmark contender `J`).
+//! - `passthrough`: raw bytes in, bytes out (benchmark contender `P`, the physical limit).
 
 pub mod count;
+pub mod json;
+pub mod passthrough;
 
 pub use count::Count;
+pub use json::Json;
+pub use passthrough::Passthrough;
 
 use streamstate_state::StateDeclaration;
 
@@ -19,6 +25,7 @@ pub fn declared_states(config: &crate::config::Config) -> Vec<StateDeclaration> 
     match config.job.function {
         FunctionKind::Count => Count::declared_states(),
         FunctionKind::Rules => crate::rules::RuleEngine::declared_states(config.job.state_ttl),
+        FunctionKind::Json | FunctionKind::Passthrough => Vec::new(),
     }
 }
 
@@ -26,7 +33,7 @@ pub fn declared_states(config: &crate::config::Config) -> Vec<StateDeclaration> 
 /// a snapshot state with such a name is kept as it is.
 pub fn dynamic_state_prefixes(function: FunctionKind) -> &'static [&'static str] {
     match function {
-        FunctionKind::Count => &[],
+        FunctionKind::Count | FunctionKind::Json | FunctionKind::Passthrough => &[],
         FunctionKind::Rules => &[crate::rules::DEDUP_STATE_PREFIX],
     }
 }

@@ -49,7 +49,7 @@ pub fn codec<T: DeserializeOwned + Serialize>() -> Codec {
 pub fn for_function(job: FunctionKind) -> Registry {
     let list: Vec<(&str, Codec)> = match job {
         FunctionKind::Count => vec![(crate::functions::count::STATE, codec::<u64>())],
-        FunctionKind::Rules => vec![],
+        FunctionKind::Rules | FunctionKind::Json | FunctionKind::Passthrough => vec![],
     };
     Registry(list.into_iter().map(|(n, c)| (n.to_string(), c)).collect())
 }

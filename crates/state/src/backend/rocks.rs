@@ -83,6 +83,15 @@ pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Opt
     opts.create_if_missing(true);
     opts.set_merge_operator_associative("streamstate-list-concat", concat_merge);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Bloom filters (10 bits per key, ~1% false positives): most state reads miss — a
+    // dedup of a new event id, the first event of a key — and every checkpoint flushes
+    // the memtable into one more level-0 file, so without a filter a miss searches the
+    // index and a data block of every such file (the largest CPU cost of the rule
+    // benchmark, bench/README.md). Filters only speed up reads; files written without
+    // them (older checkpoints) read as before.
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    opts.set_block_based_table_factory(&table);
     if let Some((registry, clock)) = registry {
         opts.set_compaction_filter(
             "streamstate-ttl",

@@ -1,0 +1,580 @@
+#!/usr/bin/env python3
+"""Runs the benchmark contenders on one broker and writes BENCHMARKS.md and a plot.
+
+Called by bench/run.sh (which builds, starts the broker and fills the input); see
+bench/README.md. Every contender reads the same input topic from offset 0 into its own
+output topic, pinned to its own CPU; the order is A-B-C-A-B-C per repeat. A contender is
+done when its consumer group's committed offsets reach the input's end offsets (its
+output is then committed too, in the same transaction for the exactly-once ones).
+
+Figures per run: events/s and events per CPU-second of the contender process
+(utime+stime from /proc/<pid>/stat, all threads), both over the window from the first
+committed progress to the end, so process start-up (JVM, restore) is not counted;
+streamstate's checkpoint durations from its /metrics; the checker's verdict.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+HERE = Path(__file__).resolve().parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(*a):
+    print("bench:", *a, file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid):
+    """utime + stime of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def ensure_topic(bootstrap, topic, partitions):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for _, fut in admin.create_topics([NewTopic(topic, partitions, 1)]).items():
+        try:
+            fut.result(30)
+        except Exception as e:  # noqa: BLE001 - TOPIC_ALREADY_EXISTS is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"topic {topic} did not get {partitions} partitions")
+
+
+class Progress:
+    """Committed offsets of a group on the input topic, summed."""
+
+    def __init__(self, bootstrap, group, topic, partitions):
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                           "enable.auto.commit": False})
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+    def committed(self):
+        try:
+            got = self.c.committed(self.tps, timeout=5)
+        except Exception:  # noqa: BLE001 - the coordinator may still be loading
+            return 0
+        return sum(max(tp.offset, 0) for tp in got)
+
+    def close(self):
+        self.c.close()
+
+
+def input_end(bootstrap, topic, partitions):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}"})
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                   for p in range(partitions))
+    finally:
+        c.close()
+
+
+def streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee="exactly_once"):
+    admin_port = a.admin_port
+    body = f'''[kafka]
+bootstrap_servers = "{a.bootstrap}"
+app_id = "{app}"
+input_topics = ["{input_topic}"]
+output_topic = "{output}"
+dead_letter_topic = "{output}-dlq"
+{'control_topic = "' + a.rules_topic + '"' if function == "rules" else ""}
+transaction_timeout = "60s"
+
+[job]
+key = "/user_id"
+function = "{function}"
+guarantee = "{guarantee}"
+
+[state]
+backend = "rocksdb"
+dir = "{run_dir}/state"
+
+[checkpoint]
+interval = "{interval}"
+storage = "file://{run_dir}/checkpoints"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+'''
+    path = run_dir / "streamstate.toml"
+    path.write_text(body)
+    return path
+
+
+def contenders(a):
+    """name -> (contract, at_least_once, launcher). A launcher returns (argv, env)."""
+    def ss(function, interval, guarantee="exactly_once"):
+        def launch(run_dir, app, input_topic, output):
+            cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee)
+            return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
+        return launch
+
+    table = {
+        "P": ("passthrough", False, ss("passthrough", a.interval)),
+        "J": ("json", False, ss("json", a.interval)),
+        "S-EO": ("workload", False, ss("rules", a.interval)),
+        "S-EO-10s": ("workload", False, ss("rules", "10s")),
+        "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
+    }
+    if a.kstreams_jar:
+        def ks(run_dir, app, input_topic, output):
+            return (["java", "-Xmx1g", "-jar", a.kstreams_jar, a.bootstrap, app, input_topic, output,
+                     str(run_dir / "state"), str(int(parse_secs(a.interval) * 1000))], {})
+        table["KS"] = ("workload", False, ks)
+    if a.quix_python:
+        def quix(run_dir, app, input_topic, output):
+            return ([a.quix_python, str(HERE / "quix" / "app.py"), a.bootstrap, app, input_topic, output,
+                     str(run_dir / "state"), str(parse_secs(a.interval))], {})
+        table["Q"] = ("workload", False, quix)
+    return table
+
+
+def parse_secs(s):
+    return float(s[:-2]) / 1000 if s.endswith("ms") else float(s.rstrip("s"))
+
+
+def scrape(port):
+    """Every sample of streamstate's /metrics: name{labels} -> value."""
+    import urllib.request
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def histogram_quantile(samples, name, q):
+    """Upper bound of the bucket holding quantile q (Prometheus cumulative buckets)."""
+    buckets = sorted((float(k.split('le="')[1].split('"')[0]), v) for k, v in samples.items()
+                     if k.startswith(name + "_bucket"))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    return next(le for le, c in buckets if c >= q * total)
+
+
+def run_recovery(a, spec, total):
+    """S-EO on the main input: SIGKILL at half the input, restart, and time the reopen
+    (restore) and the catch-up; then state size, checkpoint figures and disk per key."""
+    _, _, launch = spec
+    tag = f"recovery-{uuid.uuid4().hex[:6]}"
+    app, output = f"bench-{tag}", f"bench-{tag}-out"
+    run_dir = Path(a.work) / tag
+    run_dir.mkdir(parents=True)
+    ensure_topic(a.bootstrap, output, a.partitions)
+    ensure_topic(a.bootstrap, output + "-dlq", 1)
+    progress = Progress(a.bootstrap, app, a.input, a.partitions)
+    result = {}
+    proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output)
+    try:
+        wait_committed(a, proc, progress, total // 2, "S-EO to half the input")
+        before = scrape(a.admin_port)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        logf.close()
+        killed_at = progress.committed()
+        state_bytes = sum(f.stat().st_size for f in (run_dir / "state").rglob("*") if f.is_file())
+        restarted = time.monotonic()
+        proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output)
+        wait_committed(a, proc, progress, killed_at + 1, "S-EO first commit after restart")
+        first_commit = time.monotonic() - restarted
+        wait_committed(a, proc, progress, total, "S-EO catch-up")
+        caught_up = time.monotonic() - restarted
+        after = scrape(a.admin_port)
+        keys = a.keys
+        result = {
+            "killed_at_events": killed_at,
+            "local_state_bytes_at_kill": state_bytes,
+            "restore_s": after.get("streamstate_restore_duration_seconds_sum"),
+            "restore_bytes": after.get("streamstate_restore_size_bytes"),
+            "first_commit_after_restart_s": first_commit,
+            "catch_up_s": caught_up,
+            "checkpoint_p50_s": histogram_quantile(before, "streamstate_checkpoint_duration_seconds", 0.5),
+            "checkpoint_p99_s": histogram_quantile(before, "streamstate_checkpoint_duration_seconds", 0.99),
+            "checkpoints_before_kill": before.get("streamstate_checkpoints_completed_total"),
+            "last_checkpoint_bytes": before.get("streamstate_last_checkpoint_size_bytes"),
+            "last_checkpoint_incremental_bytes": before.get("streamstate_last_checkpoint_incremental_size_bytes"),
+            "state_size_bytes_metric": before.get("streamstate_state_size_bytes"),
+            "disk_bytes_per_key": state_bytes / keys if keys else None,
+        }
+    except (RuntimeError, TimeoutError) as e:
+        result["error"] = str(e)
+    finally:
+        progress.close()
+        stop(proc, logf)
+        drop_state(run_dir)
+    log(json.dumps(result))
+    return result
+
+
+def run_one(a, name, spec, repeat, total):
+    contract, alo, launch = spec
+    tag = f"{name.lower()}-{repeat}-{uuid.uuid4().hex[:6]}"
+    app, output = f"bench-{tag}", f"bench-{tag}-out"
+    run_dir = Path(a.work) / tag
+    run_dir.mkdir(parents=True)
+    ensure_topic(a.bootstrap, output, a.partitions)
+    ensure_topic(a.bootstrap, output + "-dlq", 1)
+    argv, env = launch(run_dir, app, a.input, output)
+    argv = ["taskset", "-c", a.contender_cpu] + argv
+    logf = open(run_dir / "contender.log", "w")
+    progress = Progress(a.bootstrap, app, a.input, a.partitions)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                            start_new_session=True)
+    first = None  # (t, committed, cpu) at the first committed progress
+    result = {"contender": name, "repeat": repeat, "ok": False}
+    metrics = {}
+    try:
+        deadline = started + a.timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {run_dir}/contender.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not finish within {a.timeout}s")
+            done = progress.committed()
+            now, cpu = time.monotonic(), cpu_seconds(proc.pid)
+            if first is None and done > 0:
+                first = (now, done, cpu)
+            if done >= total:
+                break
+            time.sleep(0.1)
+        if first[1] >= total:
+            # The whole input committed at the first observation (a tiny input): the
+            # window is the whole run, start-up included.
+            first = (started, 0, 0.0)
+        if name.startswith(("P", "J", "S")):
+            samples = scrape(a.admin_port)
+            metrics = {k: samples.get(k) for k in (
+                "streamstate_checkpoint_duration_seconds_sum", "streamstate_checkpoint_duration_seconds_count",
+                "streamstate_last_checkpoint_size_bytes", "streamstate_state_size_bytes")}
+            metrics["checkpoint_p99_s"] = histogram_quantile(samples, "streamstate_checkpoint_duration_seconds", 0.99)
+        events = total - first[1]
+        secs, cpu_used = now - first[0], cpu - first[2]
+        result.update({
+            "wall_s": now - started, "window_events": events, "window_s": secs, "cpu_s": cpu_used,
+            "events_per_s": events / secs if secs > 0 else None,
+            "events_per_cpu_s": events / cpu_used if cpu_used > 0 else None,
+            "checkpoints": metrics,
+        })
+    except (RuntimeError, TimeoutError) as e:
+        result["error"] = str(e)
+        log(result["error"])
+    finally:
+        progress.close()
+        stop(proc, logf)
+        drop_state(run_dir)
+    if "error" not in result:
+        check = subprocess.run([sys.executable, str(HERE / "check.py"), "--bootstrap", a.bootstrap,
+                                "--input", a.input, "--output", output, "--contract", contract]
+                               + (["--at-least-once"] if alo else []),
+                               capture_output=True, text=True)
+        try:
+            result["check"] = json.loads(check.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            result["check"] = {"ok": False, "error": check.stderr[-500:]}
+        result["ok"] = bool(result["check"].get("ok"))
+    log(json.dumps({k: v for k, v in result.items() if k != "checkpoints"}))
+    return result
+
+
+def start(a, name, launch, run_dir, app, input_topic, output):
+    argv, env = launch(run_dir, app, input_topic, output)
+    logf = open(run_dir / "contender.log", "w")
+    proc = subprocess.Popen(["taskset", "-c", a.contender_cpu] + argv, stdout=logf, stderr=subprocess.STDOUT,
+                            env={**os.environ, **env}, start_new_session=True)
+    return proc, logf
+
+
+def stop(proc, logf):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    logf.close()
+
+
+def drop_state(run_dir):
+    """A run's local state and checkpoints are measured, then deleted (only its log stays):
+    a full run would otherwise fill the disk."""
+    for d in ("state", "checkpoints"):
+        shutil.rmtree(run_dir / d, ignore_errors=True)
+
+
+def wait_committed(a, proc, progress, target, what):
+    deadline = time.monotonic() + a.timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what}: contender exited with {proc.returncode}")
+        if progress.committed() >= target:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done within {a.timeout}s")
+        time.sleep(0.1)
+
+
+def run_latency(a, name, spec, load, max_eps):
+    """Open loop at `load` x the contender's own max: the generator sends at a fixed rate,
+    stamping each record with its intended send time; a read_committed reader measures
+    now - intended for every output that carries it (S: the dedup outputs)."""
+    _, _, launch = spec
+    rate = max(1, int(load * max_eps))
+    tag = f"lat-{name.lower()}-{int(load * 100)}-{uuid.uuid4().hex[:6]}"
+    app, input_topic, output = f"bench-{tag}", f"bench-{tag}-in", f"bench-{tag}-out"
+    run_dir = Path(a.work) / tag
+    run_dir.mkdir(parents=True)
+    for t, n in ((input_topic, a.partitions), (output, a.partitions), (output + "-dlq", 1)):
+        ensure_topic(a.bootstrap, t, n)
+    result = {"contender": name, "load": load, "rate": rate}
+    proc, logf = start(a, name, launch, run_dir, app, input_topic, output)
+    progress = Progress(a.bootstrap, app, input_topic, a.partitions)
+    gen = lambda *extra: subprocess.run(  # noqa: E731
+        ["taskset", "-c", a.broker_cpu, a.generator, "--bootstrap", a.bootstrap, "--topic", input_topic,
+         "--partitions", str(a.partitions), "--keys", str(a.keys), "--dist", a.dist, *extra],
+        check=True, capture_output=True, text=True)
+    reader = None
+    try:
+        # Priming: the contender is up and processing before the measured load starts.
+        gen("--events", "1000", "--seed", "7")
+        wait_committed(a, proc, progress, 1000, f"{name} priming")
+        done = run_dir / "done"
+        reader = subprocess.Popen(["taskset", "-c", a.broker_cpu, a.latency, "--bootstrap", a.bootstrap,
+                                   "--topic", output, "--done", str(done)],
+                                  stdout=subprocess.PIPE, text=True)
+        gen("--events", str(rate * a.latency_secs), "--rate", str(rate), "--seed", "8")
+        wait_committed(a, proc, progress, input_end(a.bootstrap, input_topic, a.partitions), f"{name} latency")
+        done.touch()
+        out, _ = reader.communicate(timeout=a.timeout)
+        result.update(json.loads(out.strip().splitlines()[-1]))
+    except (RuntimeError, TimeoutError, subprocess.CalledProcessError, subprocess.TimeoutExpired,
+            json.JSONDecodeError, IndexError) as e:
+        result["error"] = str(e)
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        progress.close()
+        stop(proc, logf)
+        drop_state(run_dir)
+    log(json.dumps(result))
+    return result
+
+
+def median_spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.median(values), (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
+
+
+def fmt(v, digits=0):
+    return "n/a" if v is None else f"{v:,.{digits}f}"
+
+
+def report(a, results, total, gen, latencies, recovery):
+    by = {}
+    for r in results:
+        by.setdefault(r["contender"], []).append(r)
+    summary = {}
+    for name, rs in by.items():
+        eps, eps_sd = median_spread([r.get("events_per_s") for r in rs])
+        epc, epc_sd = median_spread([r.get("events_per_cpu_s") for r in rs])
+        chk = [r["checkpoints"] for r in rs if r.get("checkpoints", {}).get("streamstate_checkpoint_duration_seconds_count")]
+        mean_ck = median_spread([c["streamstate_checkpoint_duration_seconds_sum"] / c["streamstate_checkpoint_duration_seconds_count"]
+                                 for c in chk])[0]
+        summary[name] = {"eps": eps, "eps_spread": eps_sd, "epc": epc, "epc_spread": epc_sd,
+                         "runs": len(rs), "ok": sum(1 for r in rs if r["ok"]), "checkpoint_mean_s": mean_ck}
+
+    def ratio(x, y, key):
+        if x in summary and y in summary and summary[x][key] and summary[y][key]:
+            return summary[x][key] / summary[y][key]
+        return None
+
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    lines = [
+        "# Benchmarks", "",
+        f"Generated by `bench/run.sh` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit `{commit}`.",
+        f"{a.label}" if a.label else "",
+        "",
+        f"- Machine: {cpu_model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "
+        f"broker pinned to CPU {a.broker_cpu}, contender to CPU {a.contender_cpu}.",
+        f"- Input: {total:,} records ({gen.get('bytes', 0) / max(total, 1):.0f} bytes avg), {gen.get('keys')} keys, "
+        f"{gen.get('dist')}, seed {gen.get('seed')}, {gen.get('duplicates')} duplicates, {a.partitions} partitions.",
+        f"- Checkpoint interval {a.interval} (S-EO-10s: 10s); {a.repeats} repeats, order "
+        f"{' '.join(a.contenders)} per repeat; median ± half range.",
+        "- Throughput and CPU are taken from the first committed progress to the last record committed "
+        "(start-up not counted); CPU = utime+stime of the contender process.",
+        "",
+        "| contender | events/s | events per CPU-s | checker | mean checkpoint (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for name in a.contenders:
+        s = summary.get(name)
+        if s is None:
+            continue
+        lines.append(f"| {name} | {fmt(s['eps'])} ± {fmt(s['eps_spread'])} | {fmt(s['epc'])} ± {fmt(s['epc_spread'])} "
+                     f"| {s['ok']}/{s['runs']} ok | {fmt(s['checkpoint_mean_s'], 3)} |")
+    eo_alo = ratio("S-EO", "S-ALO", "eps")
+    p99_half = next((l.get("p99_ms") for l in latencies if l["contender"] == "S-EO" and l["load"] == 0.5), None)
+    lines += ["", "| ratio | value | target |", "|---|---|---|",
+              f"| S-EO / P (events/s) | {fmt(ratio('S-EO', 'P', 'eps'), 2)} | ≥ 0.5 with 1M keys |",
+              f"| J / P (events/s) | {fmt(ratio('J', 'P', 'eps'), 2)} | |",
+              f"| EO cost = 1 − S-EO / S-ALO | {fmt(None if eo_alo is None else 1 - eo_alo, 2)} | ≤ 0.10 |",
+              f"| S-EO / KS (per CPU-s) | {fmt(ratio('S-EO', 'KS', 'epc'), 2)} | ≥ 2 |",
+              f"| S-EO / Q (per CPU-s) | {fmt(ratio('S-EO', 'Q', 'epc'), 2)} | ≥ 10 |",
+              f"| S-EO p99 latency at 50% load (ms) | {fmt(p99_half)} | ≤ interval + 50 ms = {fmt(parse_secs(a.interval) * 1000 + 50)} |",
+              "", "`n/a`: the contender did not run (see bench/README.md for what is not built yet).", ""]
+    if latencies:
+        lines += ["## End-to-end latency (open loop, read_committed reader)", "",
+                  f"Each contender at a fixed rate of 50% and 80% of its own median max for {a.latency_secs} s; "
+                  "latency = time a read_committed reader gets the output − the input's intended send time "
+                  "(the generator's `ts`; for S: the dedup outputs, which carry the event). Generator and "
+                  "reader share CPU " + a.broker_cpu + " with the broker.", "",
+                  "| contender | load | rate (events/s) | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for l in latencies:
+            if "error" in l:
+                lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['rate']:,} | error: {l['error'][:80]} | | | | |")
+            else:
+                lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['rate']:,} | {l.get('records', 0):,} | "
+                             f"{fmt(l.get('p50_ms'))} | {fmt(l.get('p99_ms'))} | {fmt(l.get('p999_ms'))} | {fmt(l.get('max_ms'))} |")
+        lines.append("")
+    if recovery:
+        r = recovery
+        mb = lambda v: "n/a" if v is None else f"{v / 1e6:,.1f} MB"  # noqa: E731
+        lines += ["## State, checkpoints and recovery (S-EO)", "",
+                  f"S-EO on the same input, SIGKILLed once half of it was committed, then restarted "
+                  f"(checkpoint storage on the local file system). Checkpoints are synchronous here: the "
+                  f"pause is the whole checkpoint duration.", ""]
+        if "error" in r:
+            lines += [f"error: {r['error']}", ""]
+        else:
+            lines += ["| figure | value |", "|---|---|",
+                      f"| local state at the kill (RocksDB dir) | {mb(r['local_state_bytes_at_kill'])} |",
+                      f"| disk bytes per key ({a.keys:,} keys) | {fmt(r['disk_bytes_per_key'], 1)} |",
+                      f"| checkpoints before the kill | {fmt(r['checkpoints_before_kill'])} |",
+                      f"| checkpoint duration = pause, p50 / p99 (histogram bucket bound) | "
+                      f"{fmt(r['checkpoint_p50_s'], 3)} s / {fmt(r['checkpoint_p99_s'], 3)} s |",
+                      f"| last checkpoint: total vs incremental bytes | {mb(r['last_checkpoint_bytes'])} vs "
+                      f"{mb(r['last_checkpoint_incremental_bytes'])} |",
+                      f"| restore (reopen) after SIGKILL | {fmt(r['restore_s'], 2)} s for {mb(r['restore_bytes'])} |",
+                      f"| restart to first commit | {fmt(r['first_commit_after_restart_s'], 2)} s |",
+                      f"| restart to caught up ({total - r['killed_at_events']:,} events left) | {fmt(r['catch_up_s'], 2)} s |",
+                      ""]
+    Path(a.report).write_text("\n".join(lines))
+    Path(a.report).with_suffix(".json").write_text(json.dumps(
+        {"summary": summary, "runs": results, "latency": latencies, "recovery": recovery, "input": gen}, indent=1))
+    plot(a, summary, latencies)
+    log(f"wrote {a.report}")
+
+
+def plot(a, summary, latencies):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no plot")
+        return
+    names = [n for n in a.contenders if n in summary and summary[n]["eps"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].bar(names, [summary[n]["eps"] for n in names], yerr=[summary[n]["eps_spread"] for n in names])
+    axes[0].set_title("events/s")
+    axes[1].bar(names, [summary[n]["epc"] or 0 for n in names], yerr=[summary[n]["epc_spread"] or 0 for n in names])
+    axes[1].set_title("events per CPU-second")
+    ok = [l for l in latencies if "error" not in l and l.get("p99_ms") is not None]
+    labels = [f"{l['contender']}@{l['load']:.0%}" for l in ok]
+    xs = range(len(ok))
+    axes[2].bar([x - 0.2 for x in xs], [l["p50_ms"] for l in ok], width=0.4, label="p50")
+    axes[2].bar([x + 0.2 for x in xs], [l["p99_ms"] for l in ok], width=0.4, label="p99")
+    axes[2].set_xticks(list(xs), labels, rotation=30)
+    axes[2].set_title("end-to-end latency (ms)")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(a.plot, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--rules-topic", required=True)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--streamstate", required=True)
+    ap.add_argument("--kstreams-jar", default=None)
+    ap.add_argument("--quix-python", default=None)
+    ap.add_argument("--contenders", default="P,J,S-EO")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--interval", default="1s")
+    ap.add_argument("--contender-cpu", default="1")
+    ap.add_argument("--broker-cpu", default="0")
+    ap.add_argument("--admin-port", type=int, default=19464)
+    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--generator-summary", default="{}")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--generator", required=True, help="the bench-generator binary")
+    ap.add_argument("--latency", required=True, help="the bench-latency binary")
+    ap.add_argument("--keys", type=int, default=1000000)
+    ap.add_argument("--dist", default="uniform")
+    ap.add_argument("--loads", default="0.5,0.8", help="latency runs at these shares of each max; empty: none")
+    ap.add_argument("--latency-secs", type=int, default=30)
+    ap.add_argument("--recovery", type=int, default=1, help="1: the S-EO kill/restart run")
+    ap.add_argument("--report", default=str(HERE.parent / "BENCHMARKS.md"))
+    ap.add_argument("--plot", default=str(HERE.parent / "bench" / "benchmarks.png"))
+    a = ap.parse_args()
+    table = contenders(a)
+    a.contenders = [c for c in a.contenders.split(",") if c]
+    missing = [c for c in a.contenders if c not in table]
+    if missing:
+        log(f"not available, skipped: {missing}")
+        a.contenders = [c for c in a.contenders if c in table]
+    total = input_end(a.bootstrap, a.input, a.partitions)
+    gen = json.loads(a.generator_summary)
+    results = []
+    for repeat in range(1, a.repeats + 1):
+        for name in a.contenders:
+            results.append(run_one(a, name, table[name], repeat, total))
+    latencies = []
+    for load in [float(x) for x in a.loads.split(",") if x]:
+        for name in a.contenders:
+            eps = median_spread([r.get("events_per_s") for r in results if r["contender"] == name])[0]
+            if eps:
+                latencies.append(run_latency(a, name, table[name], load, eps))
+    recovery = run_recovery(a, table["S-EO"], total) if a.recovery and "S-EO" in a.contenders else None
+    report(a, results, total, gen, latencies, recovery)
+    sys.exit(0 if all(r["ok"] for r in results) and not any("error" in l for l in latencies)
+             and not (recovery or {}).get("error") else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# One command for streamstate's side-by-side benchmarks: builds, starts its own broker
+# (pinned to CPU 0), fills the input once, runs each contender (pinned to CPU 1) from
+# offset 0 into its own output topic, checks every output, writes BENCHMARKS.md and a
+# PNG. A benchmark, never a test: it reports figures and fails only when a contender
+# crashes or its output is wrong. See bench/README.md.
+#
+#   bench/run.sh
+#
+# Environment (defaults in brackets):
+#   BENCH_EVENTS [2000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
+#   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
+#   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
+#   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
+#   BENCH_CARGO_FEATURES [""]  extra features for the build (e.g. streamstate/failpoints, to
+#                               reuse a test build; the crash points stay inert)
+#   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
+#   KAFKA_PORT [19792] KAFKA_CONTROLLER_PORT [19793] STREAMSTATE_KAFKA_HOME [$BENCH_WORK/kafka]
+#   CARGO_TARGET_DIR [target]
+set -euo pipefail
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
+EVENTS="${BENCH_EVENTS:-2000000}"
+KEYS="${BENCH_KEYS:-1000000}"
+DIST="${BENCH_DIST:-uniform}"
+SEED="${BENCH_SEED:-42}"
+REPEATS="${BENCH_REPEATS:-3}"
+INTERVAL="${BENCH_INTERVAL:-1s}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,KS,Q}"
+WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"
+export KAFKA_PORT="${KAFKA_PORT:-19792}" KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19793}"
+export STREAMSTATE_KAFKA_HOME="${STREAMSTATE_KAFKA_HOME:-$WORK/kafka}"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
+log() { printf 'bench/run.sh: %s\n' "$*" >&2; }
+
+(( $(nproc) >= 2 )) || { log "needs 2 CPUs (broker and contender pinned apart)"; exit 2; }
+command -v taskset >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }
+mkdir -p "$WORK"
+
+log "building (release)"
+features=()
+[[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
+(cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
+    --bin streamstate --bin bench-generator --bin bench-latency >&2)
+
+log "python venv (confluent-kafka, matplotlib)"
+VENV="$WORK/venv"
+if ! "$VENV/bin/python" -c "import confluent_kafka, matplotlib" 2>/dev/null; then
+    python3 -m venv "$VENV" >&2
+    "$VENV/bin/pip" install --disable-pip-version-check --quiet confluent-kafka==2.11.1 matplotlib >&2
+fi
+
+extra=()
+if [[ ",$CONTENDERS," == *",KS,"* ]]; then
+    if jar="$("$ROOT/bench/kstreams/build.sh" 2>&2 | tail -n1)" && [[ -f "$jar" ]]; then
+        extra+=(--kstreams-jar "$jar")
+    else
+        log "Kafka Streams contender could not be built: skipped"
+    fi
+fi
+if [[ ",$CONTENDERS," == *",Q,"* ]]; then
+    if qpy="$("$ROOT/bench/quix/setup.sh" "$WORK/quix-venv" 2>&2 | tail -n1)" && [[ -x "$qpy" ]]; then
+        extra+=(--quix-python "$qpy")
+    else
+        log "Quix Streams contender could not be set up: skipped"
+    fi
+fi
+
+started_broker=0
+if ! "$ROOT/integration-tests/kafka/kafka.sh" status >/dev/null 2>&1; then
+    log "starting the broker on $BOOTSTRAP, pinned to CPU 0"
+    taskset -c 0 "$ROOT/integration-tests/kafka/kafka.sh" start
+    started_broker=1
+fi
+broker_pid="$("$ROOT/integration-tests/kafka/kafka.sh" status | grep -oE 'pid [0-9]+' | cut -d' ' -f2)"
+taskset -a -p -c 0 "$broker_pid" >/dev/null
+# A broker this script started is stopped and its data deleted (a full run writes tens of
+# GB of topics); one that was already running is left as it was.
+stop_broker() {
+    if (( started_broker )); then
+        "$ROOT/integration-tests/kafka/kafka.sh" stop || true
+        "$ROOT/integration-tests/kafka/kafka.sh" reset || true
+    fi
+}
+trap stop_broker EXIT
+
+run_id="$(date -u +%Y%m%d%H%M%S)"
+INPUT="bench-in-$DIST-$KEYS-$EVENTS-$SEED-$run_id"
+RULES_TOPIC="bench-rules-$run_id"
+log "generating $EVENTS events into $INPUT"
+summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 \
+    --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
+    --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
+log "input: $summary"
+
+"$VENV/bin/python" "$ROOT/bench/bench.py" --bootstrap "$BOOTSTRAP" --input "$INPUT" \
+    --rules-topic "$RULES_TOPIC" --streamstate "$TARGET/release/streamstate" \
+    --contenders "$CONTENDERS" --repeats "$REPEATS" --interval "$INTERVAL" \
+    --work "$WORK/runs/$run_id" --generator-summary "$summary" --label "${BENCH_LABEL:-}" \
+    --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
+    --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
+    "${extra[@]}"
