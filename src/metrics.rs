@@ -43,6 +43,8 @@ pub struct Metrics {
     pub ttl_expired: IntCounter,
     pub http_requests: IntCounterVec,
     pub http_duration: prometheus::HistogramVec,
+    /// Admin connections closed at accept because `admin::MAX_CONNECTIONS` were open.
+    pub http_connections_refused: IntCounter,
     started_at: u64,
 }
 
@@ -188,6 +190,10 @@ impl Metrics {
                 .buckets(prometheus::exponential_buckets(0.0005, 4.0, 10)?),
                 &["route"],
             )?,
+            http_connections_refused: IntCounter::new(
+                "streamstate_http_connections_refused_total",
+                "Admin connections closed at once because the connection cap was reached.",
+            )?,
             started_at: now_secs(),
             registry,
         };
@@ -226,6 +232,8 @@ impl Metrics {
         m.registry.register(Box::new(m.ttl_expired.clone()))?;
         m.registry.register(Box::new(m.http_requests.clone()))?;
         m.registry.register(Box::new(m.http_duration.clone()))?;
+        m.registry
+            .register(Box::new(m.http_connections_refused.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("streamstate_build_info", "Build of this binary (value 1)."),
             &["version"],
