@@ -7,7 +7,8 @@
 #   integration-tests/soak.sh [--minutes N] [--prefill N] [--rate EVENTS_PER_S] [--out DIR]
 #     --minutes N   soak length (default 60)
 #     --prefill N   events for the max-throughput measurement (default 300000)
-#     --rate R      skip the measurement and soak at R events/s
+#     --rate R      soak at R events/s instead of 60% of the maximum (the maximum is
+#                   still measured and reported unless --prefill 0)
 #     --out DIR     where the summary, samples and service logs go (default: a new dir
 #                   under /var/tmp)
 #

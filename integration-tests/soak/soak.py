@@ -72,16 +72,24 @@ def create_topics(bootstrap, names, partitions):
     raise SystemExit(f"topics {names} not ready after 60 s")
 
 
+def delete_topics(bootstrap, names):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_topics(names).values():
+        f.result(timeout=60)
+
+
 class Job:
-    def __init__(self, bootstrap, out_dir, name, partitions, interval, admin_extra=""):
+    def __init__(self, bootstrap, out_dir, name, partitions, interval, admin_extra="", input_topic=None):
+        """`input_topic`: an existing input (shared by several jobs); else a new one."""
         self.app_id = f"{name}-{uuid.uuid4().hex[:8]}"
-        self.input, self.output = f"{self.app_id}-in", f"{self.app_id}-out"
+        self.input, self.output = input_topic or f"{self.app_id}-in", f"{self.app_id}-out"
         self.dlq, self.control = f"{self.app_id}-dlq", f"{self.app_id}-rules"
         self.partitions = partitions
         self.dir = os.path.join(out_dir, name)
         os.makedirs(self.dir, exist_ok=True)
-        create_topics(bootstrap, [(self.input, partitions), (self.output, partitions),
-                                  (self.dlq, 1), (self.control, 1)], partitions)
+        topics = [(self.output, partitions), (self.dlq, 1), (self.control, 1)]
+        create_topics(bootstrap, topics + ([] if input_topic else [(self.input, partitions)]), partitions)
+        self.bootstrap = bootstrap
         with socket_free() as port:
             self.admin = f"127.0.0.1:{port}"
         self.config = os.path.join(self.dir, "streamstate.toml")
@@ -118,6 +126,11 @@ listen = "{self.admin}"
         self.proc = subprocess.Popen([binary, "run", "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         wait_for("service ready", 120, lambda: http_status(self.admin, "/readyz") == 200, self)
+
+    def delete_topics(self, with_input=False):
+        """Frees the broker's disk after a benchmark run."""
+        names = [self.output, self.dlq, self.control] + ([self.input] if with_input else [])
+        delete_topics(self.bootstrap, names)
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -357,7 +370,9 @@ def measure_max(args):
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
-    max_rate = measure_max(args) if args.rate is None else None
+    max_rate = measure_max(args) if args.prefill > 0 else None
+    if args.rate is None and max_rate is None:
+        raise SystemExit("give --rate, or --prefill > 0 to measure the maximum")
     rate = args.rate if args.rate is not None else max_rate * args.rate_fraction
     seconds = int(args.minutes * 60)
     job = Job(args.bootstrap, args.out, "soak", args.partitions, "10s")
@@ -485,7 +500,8 @@ def run(args):
     ck = report
     text = "\n".join([
         f"soak: {args.minutes} min at {summary['rate_events_per_s']} events/s"
-        + (f" (max {summary['max_throughput_events_per_s']} events/s x {args.rate_fraction})" if max_rate else "")
+        + (f" (max {summary['max_throughput_events_per_s']} events/s"
+           + (f" x {args.rate_fraction})" if args.rate is None else ", rate given)") if max_rate else "")
         + f", checkpoint.interval 10s, {produced} events",
         f"RSS: at ready {rss_at_ready} KiB, after 1 min {rss_start} KiB, end {rss_end} KiB, growth {summary['rss_growth_kib_per_hour']} KiB/hour",
         f"latency (intended send -> visible read_committed): p50 {summary['latency_ms_p50']} ms, "
@@ -524,7 +540,8 @@ def main():
     r.add_argument("--minutes", type=float, default=60)
     r.add_argument("--prefill", type=int, default=300_000)
     r.add_argument("--rate-fraction", type=float, default=0.6)
-    r.add_argument("--rate", type=float, default=None, help="skip the max-throughput phase")
+    r.add_argument("--rate", type=float, default=None,
+                   help="soak at this rate instead of --rate-fraction of the maximum (still measured unless --prefill 0)")
     r.add_argument("--partitions", type=int, default=4)
     p = sub.add_parser("produce")
     p.add_argument("--bootstrap", required=True)
