@@ -733,8 +733,10 @@ fn sigterm_during_load_exits_zero_in_time_and_the_restart_has_no_gap_or_duplicat
 
 /// Writes raw bytes to the admin port and returns the answer's status (0 if none).
 fn raw_status(admin: SocketAddr, request: &[u8]) -> u16 {
-    let mut s = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut s =
+        std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
     let _ = std::io::Write::write_all(&mut s, request);
     let mut buf = Vec::new();
     let _ = std::io::Read::read_to_end(&mut s, &mut buf);
@@ -820,7 +822,11 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
                     };
                     let a = http_with(method, admin, path, &[("Authorization", &token)], b"")
                         .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-                    assert_eq!(a.status, 401, "{method} {path} with {token:.40}: {}", a.body);
+                    assert_eq!(
+                        a.status, 401,
+                        "{method} {path} with {token:.40}: {}",
+                        a.body
+                    );
                     bad_tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             });
@@ -829,9 +835,19 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
     assert_eq!(bad_tokens.into_inner(), 10_000);
     service.assert_running();
     let a = call(job.admin, "GET", "/state/user-1", true, b"");
-    assert!(matches!(a.status, 200 | 404), "right token after the flood: {} {}", a.status, a.body);
+    assert!(
+        matches!(a.status, 200 | 404),
+        "right token after the flood: {} {}",
+        a.status,
+        a.body
+    );
     let a = call(job.admin, "POST", "/checkpoints", true, b"");
-    assert!(matches!(a.status, 200 | 202 | 409), "right token after the flood: {} {}", a.status, a.body);
+    assert!(
+        matches!(a.status, 200 | 202 | 409),
+        "right token after the flood: {} {}",
+        a.status,
+        a.body
+    );
 
     // 2. 100 concurrent checkpoint triggers: each 200/202 or 409, at least one accepted,
     // and checkpoints keep completing afterwards.
@@ -848,17 +864,27 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("trigger")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("trigger"))
+            .collect()
     });
     assert!(
         statuses.iter().all(|s| matches!(s, 200 | 202 | 409)),
         "statuses: {statuses:?}"
     );
-    assert!(statuses.iter().any(|s| matches!(s, 200 | 202)), "none accepted: {statuses:?}");
-    wait_until("checkpoints to keep completing", Duration::from_secs(60), || {
-        service.assert_running();
-        completed(job.admin) >= before + 3.0
-    });
+    assert!(
+        statuses.iter().any(|s| matches!(s, 200 | 202)),
+        "none accepted: {statuses:?}"
+    );
+    wait_until(
+        "checkpoints to keep completing",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            completed(job.admin) >= before + 3.0
+        },
+    );
 
     // 3. Path traversal on every id-taking route: 400 or 404, and a sentinel file outside
     // checkpoint storage never shows up in an answer.
@@ -888,8 +914,17 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         for route in ["/checkpoints/", "/savepoints/", "/rules/", "/state/"] {
             let path = format!("{route}{v}");
             let a = call(job.admin, "GET", &path, true, b"");
-            assert!(matches!(a.status, 400 | 404), "GET {path}: {} {}", a.status, a.body);
-            assert!(!a.body.contains(&sentinel), "GET {path} read the sentinel: {}", a.body);
+            assert!(
+                matches!(a.status, 400 | 404),
+                "GET {path}: {} {}",
+                a.status,
+                a.body
+            );
+            assert!(
+                !a.body.contains(&sentinel),
+                "GET {path} read the sentinel: {}",
+                a.body
+            );
             tried += 1;
         }
         // Savepoint targets name a directory to write to: refused when `..` (in any
@@ -898,10 +933,21 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         let chk = job.checkpoint_dir().display().to_string();
         let body = format!(r#"{{"target": "file://{chk}/{v}"}}"#);
         let a = call(job.admin, "POST", "/savepoints", true, body.as_bytes());
-        assert!(matches!(a.status, 200 | 400 | 409), "POST /savepoints {body}: {} {}", a.status, a.body);
+        assert!(
+            matches!(a.status, 200 | 400 | 409),
+            "POST /savepoints {body}: {} {}",
+            a.status,
+            a.body
+        );
         if a.status == 200 {
-            let location = a.json()["location"].as_str().unwrap_or_default().to_string();
-            assert!(location.starts_with(&format!("file://{chk}/")), "{body} wrote to {location}");
+            let location = a.json()["location"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            assert!(
+                location.starts_with(&format!("file://{chk}/")),
+                "{body} wrote to {location}"
+            );
         }
         assert!(!a.body.contains(&sentinel));
     }
@@ -911,7 +957,11 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         sentinel,
         "the sentinel was changed"
     );
-    assert_eq!(std::fs::read_dir(outside.path()).expect("dir").count(), 1, "something was written outside storage");
+    assert_eq!(
+        std::fs::read_dir(outside.path()).expect("dir").count(),
+        1,
+        "something was written outside storage"
+    );
 
     // 4. 1 MiB bodies: 413, announced by Content-Length or not (chunked).
     let mib = vec![b'x'; 1 << 20];
@@ -925,7 +975,11 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         .into_bytes();
         chunked.extend_from_slice(&mib);
         chunked.extend_from_slice(b"\r\n0\r\n\r\n");
-        assert_eq!(raw_status(job.admin, &chunked), 413, "POST {path} with 1 MiB chunked");
+        assert_eq!(
+            raw_status(job.admin, &chunked),
+            413,
+            "POST {path} with 1 MiB chunked"
+        );
     }
     service.assert_running();
 
@@ -934,7 +988,8 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
     let started = Instant::now();
     let mut slow: Vec<std::net::TcpStream> = (0..200)
         .map(|_| {
-            let mut s = std::net::TcpStream::connect_timeout(&job.admin, Duration::from_secs(5)).expect("connect");
+            let mut s = std::net::TcpStream::connect_timeout(&job.admin, Duration::from_secs(5))
+                .expect("connect");
             std::io::Write::write_all(&mut s, b"GET /liv").expect("half a request line");
             s
         })
@@ -949,7 +1004,9 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         .collect();
     // While they dribble, other clients are answered promptly (each /livez within 5 s).
     let mut livez = 0;
-    let mut header = b"ez HTTP/1.1\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a'));
+    let mut header = b"ez HTTP/1.1\r\nX-Slow: "
+        .iter()
+        .chain(std::iter::repeat(&b'a'));
     while started.elapsed() < Duration::from_secs(6) {
         let byte = [*header.next().expect("endless")];
         for s in slow.iter_mut().chain(trickle.iter_mut()) {
@@ -958,39 +1015,63 @@ fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
         let t = Instant::now();
         let a = http_with("GET", job.admin, "/livez", &[], b"").expect("livez under slow clients");
         assert_eq!(a.status, 200, "/livez under slow clients: {}", a.body);
-        assert!(t.elapsed() < Duration::from_secs(5), "/livez took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "/livez took {:?}",
+            t.elapsed()
+        );
         livez += 1;
         std::thread::sleep(Duration::from_millis(300));
     }
     assert!(livez >= 5, "only {livez} /livez answers");
     // The server closes them (header/body timeout, 10 s) although they keep sending.
-    wait_until("the server to close the slow connections", Duration::from_secs(45), || {
-        let byte = [*header.next().expect("endless")];
-        for s in slow.iter_mut().chain(trickle.iter_mut()) {
-            let _ = std::io::Write::write_all(s, &byte);
-        }
-        slow.iter_mut().chain(trickle.iter_mut()).all(closed_by_server)
-    });
-    eprintln!("slow clients closed {:?} after they connected", started.elapsed());
+    wait_until(
+        "the server to close the slow connections",
+        Duration::from_secs(45),
+        || {
+            let byte = [*header.next().expect("endless")];
+            for s in slow.iter_mut().chain(trickle.iter_mut()) {
+                let _ = std::io::Write::write_all(s, &byte);
+            }
+            slow.iter_mut()
+                .chain(trickle.iter_mut())
+                .all(closed_by_server)
+        },
+    );
+    eprintln!(
+        "slow clients closed {:?} after they connected",
+        started.elapsed()
+    );
     let a = http_with("GET", job.admin, "/livez", &[], b"").expect("livez");
     assert_eq!(a.status, 200);
 
     // After the abuse: still the same process, checkpoints still completing, and the
     // output exactly once by the independent checker.
     let after = completed(job.admin);
-    wait_until("a checkpoint after the abuse", Duration::from_secs(60), || {
-        service.assert_running();
-        completed(job.admin) > after
-    });
+    wait_until(
+        "a checkpoint after the abuse",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            completed(job.admin) > after
+        },
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let produced = input.join().expect("input thread");
     assert!(produced > 0);
     wait_all_committed(&job, &mut service);
     service.assert_running();
     let text = scrape(job.admin);
-    assert_eq!(metric_sum(&text, "streamstate_records_consumed_total") as i64, job.input_end());
+    assert_eq!(
+        metric_sum(&text, "streamstate_records_consumed_total") as i64,
+        job.input_end()
+    );
     let status = service.terminate(Duration::from_secs(60));
     assert!(status.success(), "{status}");
     let report = independent_check(&job, &CheckerOptions::all());
-    assert_eq!(report["expected_outputs"].as_u64(), Some(produced as u64), "{report}");
+    assert_eq!(
+        report["expected_outputs"].as_u64(),
+        Some(produced as u64),
+        "{report}"
+    );
 }

@@ -129,12 +129,15 @@ pub(super) async fn read_body(request: Request, next: Next) -> Response {
                 ),
             )
             .into_response();
-            r.headers_mut()
-                .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
             return r;
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 fn too_large() -> Response {
@@ -144,7 +147,9 @@ fn too_large() -> Response {
     )
     .into_response();
     // The rest of the body is not read: the connection cannot carry another request.
-    r.headers_mut()
-        .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
     r
 }
