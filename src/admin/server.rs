@@ -28,9 +28,11 @@ use super::routes::error;
 use crate::metrics::Metrics;
 
 /// Open connections served at once. Far above what probes, a Prometheus scrape and an
-/// operator need; a connection beyond it is closed at once (and counted) rather than
-/// queued, so a flood cannot make the kernel's backlog hold the probes' connections.
-pub const MAX_CONNECTIONS: usize = 256;
+/// operator need, and room for a burst of 100 concurrent requests while 200 slow clients
+/// wait out their header timeout; far below the usual file-descriptor limit (1024 soft).
+/// A connection beyond it is closed at once (and counted) rather than queued, so a flood
+/// cannot make the kernel's backlog hold the probes' connections.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// A request head (request line and headers) must arrive whole within this time of the
 /// connection becoming ready to read one, also between requests on a kept-alive
