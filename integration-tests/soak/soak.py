@@ -7,9 +7,10 @@
   soak.py read ...      (internal: the read_committed latency reader, a child process)
 
 `run`:
- 1. max throughput: pre-fills a topic with `--prefill` events, starts the service on it and
-    measures events/s from `streamstate_records_consumed_total` between 10% and 90% of the
-    input (skipped when `--rate` is given);
+ 1. max throughput, the lower of: the drain rate of a topic pre-filled with `--prefill`
+    events (events/s from `streamstate_records_consumed_total` between 10% and 90% of the
+    input), and the rate the service consumes while the producer sends as fast as it can
+    for 20 s (skipped with `--prefill 0`);
  2. soak: a fresh job with `checkpoint.interval = 10s` and an open-loop producer at
     `--rate-fraction` of that maximum for `--minutes`, sampling once a minute: the
     service's VmRSS, end-to-end latency (intended send time -> output visible to a
@@ -47,6 +48,7 @@ FOLLOWER = os.path.join(HERE, "..", "checker", "follow.py")
 # Up to this many events the whole-history checker (check.py) runs too, besides the
 # follower: it holds every record in memory (~2 KB each).
 FULL_CHECK_MAX_EVENTS = 2_000_000
+SUSTAINED_SECONDS = 20
 KEYS = 10_000
 PROBES_PER_S = 10
 
@@ -277,7 +279,10 @@ def cmd_produce(args):
     i = 0
     while not stop[0]:
         now = time.time()
-        due = args.count if args.rate <= 0 else int((now - start) * args.rate)
+        if args.rate > 0:
+            due = int((now - start) * args.rate)
+        else:  # as fast as possible: everything (--count), or batches until --seconds
+            due = args.count or i + 10_000
         if args.count and due > args.count:
             due = args.count
         while i < due:
@@ -358,19 +363,39 @@ def consume_rate(job, count, bootstrap):
 
 
 def measure_max(args):
+    """(drain rate of a pre-filled topic, rate sustained while the producer runs)."""
     job = Job(args.bootstrap, args.out, "max", args.partitions, "10s")
     log(f"max throughput: pre-filling {args.prefill} events into {job.input}")
     prefill(args.bootstrap, job.input, args.prefill)
     job.start(args.bin)
-    rate = consume_rate(job, args.prefill, args.bootstrap)
+    drain = consume_rate(job, args.prefill, args.bootstrap)
     job.stop()
-    log(f"max throughput: {rate:.0f} events/s")
-    return rate
+    job.delete_topics(with_input=True)
+    log(f"max throughput, pre-filled topic: {drain:.0f} events/s")
+    # The soak's producer shares the machine with the service; draining a backlog in big
+    # fetches with nobody producing overstates what the service keeps up with while it
+    # runs. So also: produce as fast as possible and measure what the service consumes.
+    job = Job(args.bootstrap, args.out, "max-live", args.partitions, "10s")
+    job.start(args.bin)
+    pr = spawn_self("produce", "--bootstrap", args.bootstrap, "--topic", job.input,
+                    "--rate", "0", "--seconds", str(SUSTAINED_SECONDS))
+    time.sleep(SUSTAINED_SECONDS / 4)  # a measuring pause, not a wait for a condition
+    n0, t0 = metric_sum(job.metrics(), "streamstate_records_consumed_total"), time.monotonic()
+    time.sleep(SUSTAINED_SECONDS * 3 / 4 - 1)
+    n1, t1 = metric_sum(job.metrics(), "streamstate_records_consumed_total"), time.monotonic()
+    pr.communicate()
+    job.proc.kill()  # its backlog does not matter
+    job.proc.wait()
+    job.delete_topics(with_input=True)
+    live = (n1 - n0) / (t1 - t0)
+    log(f"max throughput, producing as fast as possible meanwhile: {live:.0f} events/s")
+    return drain, live
 
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
-    max_rate = measure_max(args) if args.prefill > 0 else None
+    drain_rate, live_rate = measure_max(args) if args.prefill > 0 else (None, None)
+    max_rate = min(drain_rate, live_rate) if drain_rate is not None else None
     if args.rate is None and max_rate is None:
         raise SystemExit("give --rate, or --prefill > 0 to measure the maximum")
     rate = args.rate if args.rate is not None else max_rate * args.rate_fraction
@@ -475,6 +500,8 @@ def run(args):
     summary = {
         "minutes": args.minutes,
         "max_throughput_events_per_s": round(max_rate) if max_rate is not None else None,
+        "max_throughput_prefilled_events_per_s": round(drain_rate) if drain_rate is not None else None,
+        "max_throughput_while_producing_events_per_s": round(live_rate) if live_rate is not None else None,
         "rate_events_per_s": round(rate),
         "produced": produced,
         "checkpoint_interval": "10s",
@@ -503,6 +530,8 @@ def run(args):
         + (f" (max {summary['max_throughput_events_per_s']} events/s"
            + (f" x {args.rate_fraction})" if args.rate is None else ", rate given)") if max_rate else "")
         + f", checkpoint.interval 10s, {produced} events",
+        f"max throughput: pre-filled topic {summary['max_throughput_prefilled_events_per_s']} events/s, "
+        f"while producing {summary['max_throughput_while_producing_events_per_s']} events/s (the lower is the max)",
         f"RSS: at ready {rss_at_ready} KiB, after 1 min {rss_start} KiB, end {rss_end} KiB, growth {summary['rss_growth_kib_per_hour']} KiB/hour",
         f"latency (intended send -> visible read_committed): p50 {summary['latency_ms_p50']} ms, "
         f"p99 {summary['latency_ms_p99']} ms, max {summary['latency_ms_max']} ms ({len(lat)} probes)",
