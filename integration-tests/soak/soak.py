@@ -239,10 +239,11 @@ def percentile(sorted_values, q):
     return sorted_values[i]
 
 
-def rss_kib(pid):
+def rss_kib(pid, field="VmRSS"):
+    """VmRSS (all resident pages) or RssAnon (heap and stacks, without the mapped binary)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
 
@@ -446,6 +447,7 @@ def run(args):
                 "minute": minute,
                 "t_s": round(time.monotonic() - started, 1),
                 "rss_kib": rss_kib(pid),
+                "rss_anon_kib": rss_kib(pid, "RssAnon"),
                 "latency_ms_p50": percentile(lat, 0.5),
                 "latency_ms_p99": percentile(lat, 0.99),
                 "latency_probes": len(lat),
@@ -468,6 +470,7 @@ def run(args):
     # Final figures before the stop: the service's last RSS and the whole histogram.
     text = job.metrics()
     rss_end, t_end = rss_kib(pid), time.monotonic() - started
+    rss_anon_end = rss_kib(pid, "RssAnon")
     hist = histogram(text, "streamstate_checkpoint_duration_seconds")
     every = max(1, int(rate // PROBES_PER_S))
     probes = (produced + every - 1) // every
@@ -508,6 +511,8 @@ def run(args):
         "rss_kib_start": rss_start,
         "rss_kib_end": rss_end,
         "rss_kib_at_ready": rss_at_ready,
+        "rss_anon_kib_start": samples[0]["rss_anon_kib"] if samples else None,
+        "rss_anon_kib_end": rss_anon_end,
         "rss_growth_kib_per_hour": round((rss_end - rss_start) / hours) if hours > 0 else None,
         "latency_ms_p50": percentile(lat, 0.5),
         "latency_ms_p99": percentile(lat, 0.99),
