@@ -813,4 +813,350 @@ fn transactions_show_the_open_transaction_aging_warn_near_the_timeout_and_advanc
         "the committed transaction was the one named at its start"
     );
     assert_eq!(service.terminate(Duration::from_secs(60)).code(), Some(0));
+
+// ------------------------------------------------------------------ abuse
+
+/// Writes raw bytes to the admin port and returns the answer's status (0 if none).
+fn raw_status(admin: SocketAddr, request: &[u8]) -> u16 {
+    let mut s =
+        std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let _ = std::io::Write::write_all(&mut s, request);
+    let mut buf = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut buf);
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Has the server closed this connection (EOF or reset), as seen without blocking?
+fn closed_by_server(s: &mut std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut b = [0u8; 512];
+    let closed = loop {
+        match std::io::Read::read(s, &mut b) {
+            Ok(0) => break true,
+            Ok(_) => continue, // an answer (408) before the close: keep reading
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    s.set_nonblocking(false).expect("blocking");
+    closed
+}
+
+/// Admin abuse while input flows: 10,000 bad tokens, 100 concurrent checkpoint triggers,
+/// `../` ids (plain and encoded) on every id-taking route, 1 MiB bodies (announced and
+/// chunked), and 200 slow clients holding connections. Every answer has the right status,
+/// `/livez` keeps answering, half-open connections are closed after the header timeout,
+/// nothing outside storage is read, checkpoints keep completing, the process never dies
+/// and the independent checker finds the output exactly once.
+#[test]
+fn admin_abuse_gets_the_right_answers_and_leaves_processing_exactly_once() {
+    let job = Job::new("abuse", 2);
+    job.write_config("1s", &format!("token = \"{TOKEN}\"\n"));
+    let mut service = job.spawn();
+    wait_ready(&job, &mut service);
+
+    // Continuous input for the whole test (stopped at the end).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let input = {
+        let (topic, stop) = (job.input.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let p = producer();
+            let mut n = 0usize;
+            let mut rng = rand::rng();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for _ in 0..20 {
+                    let user = format!("user-{}", rand::Rng::random_range(&mut rng, 0..KEYS));
+                    let v = format!(r#"{{"user_id":"{user}","seq":{n}}}"#);
+                    produce(&p, &topic, Some(&user), v.as_bytes());
+                    n += 1;
+                }
+                p.poll(Duration::from_millis(100));
+            }
+            flush(&p);
+            n
+        })
+    };
+    let completed = |admin| metric_sum(&scrape(admin), "streamstate_checkpoints_completed_total");
+
+    // 1. 10,000 requests with bad tokens on the guarded routes: 401 every time.
+    let bad_tokens = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let bad_tokens = &bad_tokens;
+            let admin = job.admin;
+            s.spawn(move || {
+                for i in 0..1250 {
+                    let token = match i % 6 {
+                        0 => format!("Bearer {TOKEN}x"),
+                        1 => format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]),
+                        2 => format!("Bearer wrong-{t}-{i}"),
+                        3 => format!("Basic {TOKEN}"),
+                        4 => format!("Bearer {}", "a".repeat(4096)),
+                        _ => "Bearer".to_string(),
+                    };
+                    let (method, path) = match i % 3 {
+                        0 => ("POST", "/checkpoints"),
+                        1 => ("POST", "/savepoints"),
+                        _ => ("GET", "/state/user-1"),
+                    };
+                    let a = http_with(method, admin, path, &[("Authorization", &token)], b"")
+                        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+                    assert_eq!(
+                        a.status, 401,
+                        "{method} {path} with {token:.40}: {}",
+                        a.body
+                    );
+                    bad_tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert_eq!(bad_tokens.into_inner(), 10_000);
+    service.assert_running();
+    let a = call(job.admin, "GET", "/state/user-1", true, b"");
+    assert!(
+        matches!(a.status, 200 | 404),
+        "right token after the flood: {} {}",
+        a.status,
+        a.body
+    );
+    let a = call(job.admin, "POST", "/checkpoints", true, b"");
+    assert!(
+        matches!(a.status, 200 | 202 | 409),
+        "right token after the flood: {} {}",
+        a.status,
+        a.body
+    );
+
+    // 2. 100 concurrent checkpoint triggers: each 200/202 or 409, at least one accepted,
+    // and checkpoints keep completing afterwards.
+    let before = completed(job.admin);
+    let barrier = std::sync::Barrier::new(100);
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..100)
+            .map(|_| {
+                let barrier = &barrier;
+                let admin = job.admin;
+                s.spawn(move || {
+                    barrier.wait();
+                    call(admin, "POST", "/checkpoints", true, b"").status
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("trigger"))
+            .collect()
+    });
+    assert!(
+        statuses.iter().all(|s| matches!(s, 200 | 202 | 409)),
+        "statuses: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().any(|s| matches!(s, 200 | 202)),
+        "none accepted: {statuses:?}"
+    );
+    wait_until(
+        "checkpoints to keep completing",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            completed(job.admin) >= before + 3.0
+        },
+    );
+
+    // 3. Path traversal on every id-taking route: 400 or 404, and a sentinel file outside
+    // checkpoint storage never shows up in an answer.
+    let outside = tempfile::tempdir().expect("tempdir");
+    let sentinel = format!("SENTINEL-{}", unique("content"));
+    std::fs::write(outside.path().join("sentinel"), &sentinel).expect("sentinel");
+    let depth = "../".repeat(12);
+    let target = format!("{depth}{}", outside.path().join("sentinel").display()).replace("//", "/");
+    let encoded = target.replace('/', "%2F");
+    let dots = target.replace("../", "%2e%2e%2f");
+    let double = target.replace("../", "..%252f");
+    let backslash = target.replace("../", "..%5c");
+    let overlong = target.replace("../", "%c0%ae%c0%ae/");
+    let variants = [
+        target.clone(),
+        encoded,
+        dots,
+        double,
+        backslash,
+        overlong,
+        "..".to_string(),
+        "%2e%2e".to_string(),
+        "....//....//etc/passwd".to_string(),
+    ];
+    let mut tried = 0;
+    for v in &variants {
+        for route in ["/checkpoints/", "/savepoints/", "/rules/", "/state/"] {
+            let path = format!("{route}{v}");
+            let a = call(job.admin, "GET", &path, true, b"");
+            assert!(
+                matches!(a.status, 400 | 404),
+                "GET {path}: {} {}",
+                a.status,
+                a.body
+            );
+            assert!(
+                !a.body.contains(&sentinel),
+                "GET {path} read the sentinel: {}",
+                a.body
+            );
+            tried += 1;
+        }
+        // Savepoint targets name a directory to write to: refused when `..` (in any
+        // spelling the URL parser decodes) would leave storage; a name that only looks
+        // like it is a directory inside storage.
+        let chk = job.checkpoint_dir().display().to_string();
+        let body = format!(r#"{{"target": "file://{chk}/{v}"}}"#);
+        let a = call(job.admin, "POST", "/savepoints", true, body.as_bytes());
+        assert!(
+            matches!(a.status, 200 | 400 | 409),
+            "POST /savepoints {body}: {} {}",
+            a.status,
+            a.body
+        );
+        if a.status == 200 {
+            let location = a.json()["location"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            assert!(
+                location.starts_with(&format!("file://{chk}/")),
+                "{body} wrote to {location}"
+            );
+        }
+        assert!(!a.body.contains(&sentinel));
+    }
+    assert_eq!(tried, variants.len() * 4);
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("sentinel")).expect("sentinel"),
+        sentinel,
+        "the sentinel was changed"
+    );
+    assert_eq!(
+        std::fs::read_dir(outside.path()).expect("dir").count(),
+        1,
+        "something was written outside storage"
+    );
+
+    // 4. 1 MiB bodies: 413, announced by Content-Length or not (chunked).
+    let mib = vec![b'x'; 1 << 20];
+    for path in ["/savepoints", "/stop", "/checkpoints"] {
+        let a = call(job.admin, "POST", path, true, &mib);
+        assert_eq!(a.status, 413, "POST {path} with 1 MiB: {}", a.body);
+        let mut chunked = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n",
+            mib.len()
+        )
+        .into_bytes();
+        chunked.extend_from_slice(&mib);
+        chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+        assert_eq!(
+            raw_status(job.admin, &chunked),
+            413,
+            "POST {path} with 1 MiB chunked"
+        );
+    }
+    service.assert_running();
+
+    // 5. 200 slow clients: half a request line, then headers byte by byte, never done;
+    // plus a few that send a complete head and trickle the body.
+    let started = Instant::now();
+    let mut slow: Vec<std::net::TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect_timeout(&job.admin, Duration::from_secs(5))
+                .expect("connect");
+            std::io::Write::write_all(&mut s, b"GET /liv").expect("half a request line");
+            s
+        })
+        .collect();
+    let mut trickle: Vec<std::net::TcpStream> = (0..5)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect_timeout(&job.admin, Duration::from_secs(5)).expect("connect");
+            let head = format!("POST /savepoints HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{");
+            std::io::Write::write_all(&mut s, head.as_bytes()).expect("head");
+            s
+        })
+        .collect();
+    // While they dribble, other clients are answered promptly (each /livez within 5 s).
+    let mut livez = 0;
+    let mut header = b"ez HTTP/1.1\r\nX-Slow: "
+        .iter()
+        .chain(std::iter::repeat(&b'a'));
+    while started.elapsed() < Duration::from_secs(6) {
+        let byte = [*header.next().expect("endless")];
+        for s in slow.iter_mut().chain(trickle.iter_mut()) {
+            let _ = std::io::Write::write_all(s, &byte);
+        }
+        let t = Instant::now();
+        let a = http_with("GET", job.admin, "/livez", &[], b"").expect("livez under slow clients");
+        assert_eq!(a.status, 200, "/livez under slow clients: {}", a.body);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "/livez took {:?}",
+            t.elapsed()
+        );
+        livez += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(livez >= 5, "only {livez} /livez answers");
+    // The server closes them (header/body timeout, 10 s) although they keep sending.
+    wait_until(
+        "the server to close the slow connections",
+        Duration::from_secs(45),
+        || {
+            let byte = [*header.next().expect("endless")];
+            for s in slow.iter_mut().chain(trickle.iter_mut()) {
+                let _ = std::io::Write::write_all(s, &byte);
+            }
+            slow.iter_mut()
+                .chain(trickle.iter_mut())
+                .all(closed_by_server)
+        },
+    );
+    eprintln!(
+        "slow clients closed {:?} after they connected",
+        started.elapsed()
+    );
+    let a = http_with("GET", job.admin, "/livez", &[], b"").expect("livez");
+    assert_eq!(a.status, 200);
+
+    // After the abuse: still the same process, checkpoints still completing, and the
+    // output exactly once by the independent checker.
+    let after = completed(job.admin);
+    wait_until(
+        "a checkpoint after the abuse",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            completed(job.admin) > after
+        },
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let produced = input.join().expect("input thread");
+    assert!(produced > 0);
+    wait_all_committed(&job, &mut service);
+    service.assert_running();
+    let text = scrape(job.admin);
+    assert_eq!(
+        metric_sum(&text, "streamstate_records_consumed_total") as i64,
+        job.input_end()
+    );
+    let status = service.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{status}");
+    let report = independent_check(&job, &CheckerOptions::all());
+    assert_eq!(
+        report["expected_outputs"].as_u64(),
+        Some(produced as u64),
+        "{report}"
+    );
 }

@@ -5,7 +5,9 @@
 #   integration-tests/battery.sh --long    long form: 5 broker SIGTERM + 5 SIGKILL restarts per
 #                                          test, 150 random SIGKILLs, a 5-minute restart storm,
 #                                          every checkpoint file x {flip, truncate, delete},
-#                                          60 s of fuzzing per target
+#                                          60 s of fuzzing per target, the admin-abuse
+#                                          throughput benchmark (3 rounds quiet/abused) and
+#                                          the 60-minute soak (SOAK_MINUTES to change)
 #
 # CI runs the short form as part of integration-tests/run.sh (the Rust battery tests under
 # its `--test '*'` step, the fuzzing as its "reliability battery: fuzz" step). This script
@@ -46,5 +48,20 @@ echo "== battery: broker SIGTERM/SIGKILL restarts"
 cargo test --release --locked "${features[@]}" --test broker_restart -- --test-threads=1
 echo "== battery: random SIGKILLs (${STREAMSTATE_TEST_KILLS:-20})"
 cargo test --release --locked "${features[@]}" --test exactly_once random_sigkills -- --test-threads=2
+echo "== battery: admin abuse (bad tokens, concurrent triggers, traversal, 1 MiB bodies, slow clients)"
+cargo test --release --locked "${features[@]}" --test admin admin_abuse -- --test-threads=1
+echo "== battery: soak, short form (2 minutes)"
+cargo test --release --locked "${features[@]}" --test soak -- --test-threads=1
 echo "== battery: fuzz ${fuzz_seconds}s per target"
 "$root/integration-tests/fuzz.sh" --seconds "$fuzz_seconds"
+if [ "$long" = 1 ]; then
+  cargo build --release --locked "${features[@]}" --bin streamstate
+  bin="$CARGO_TARGET_DIR/release/streamstate"
+  python="$("$root/integration-tests/checker/setup.sh" | tail -n1)"
+  out="$(mktemp -d /var/tmp/streamstate-battery.XXXXXX)"
+  echo "== battery: admin abuse vs throughput (3 rounds quiet/abused; results in $out/abuse)"
+  "$python" "$root/integration-tests/soak/admin_abuse_bench.py" --bin "$bin" \
+    --bootstrap "$STREAMSTATE_TEST_BOOTSTRAP" --out "$out/abuse" --rounds 3
+  echo "== battery: soak ${SOAK_MINUTES:-60} min at 60% of max throughput (results in $out/soak)"
+  STREAMSTATE_BIN="$bin" "$root/integration-tests/soak.sh" --minutes "${SOAK_MINUTES:-60}" --out "$out/soak"
+fi

@@ -49,6 +49,8 @@ pub struct Metrics {
     /// `kafka.transaction_timeout`, so alerts can compare the age with it.
     pub transaction_timeout: Gauge,
     pub transactions_near_timeout: IntCounter,
+    /// Admin connections closed at accept because `admin::MAX_CONNECTIONS` were open.
+    pub http_connections_refused: IntCounter,
     started_at: u64,
 }
 
@@ -205,6 +207,10 @@ impl Metrics {
             transactions_near_timeout: IntCounter::new(
                 "streamstate_transaction_near_timeout_total",
                 "Transactions whose age passed 80% of transaction.timeout.ms while open.",
+)?,
+            http_connections_refused: IntCounter::new(
+                "streamstate_http_connections_refused_total",
+                "Admin connections closed at once because the connection cap was reached.",
             )?,
             started_at: now_secs(),
             registry,
@@ -250,6 +256,8 @@ impl Metrics {
             .register(Box::new(m.transaction_timeout.clone()))?;
         m.registry
             .register(Box::new(m.transactions_near_timeout.clone()))?;
+        m.registry
+            .register(Box::new(m.http_connections_refused.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("streamstate_build_info", "Build of this binary (value 1)."),
             &["version"],

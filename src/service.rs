@@ -71,9 +71,9 @@ pub fn serve(
         let listener = admin::bind(listen).await.map_err(|source| ServiceError::Bind { addr: listen, source })?;
         let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = admin::router(control.clone(), metrics.clone(), &config)?;
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).with_graceful_shutdown(async { stopped.await.unwrap_or(()) }).await
-        });
+        let server = tokio::spawn(admin::serve(listener, app, metrics.clone(), async {
+            stopped.await.unwrap_or(())
+        }));
         let signals = tokio::spawn(shutdown_on_signal(control.clone()));
         let watcher = tokio::spawn(watch_transactions(control.clone(), metrics.clone()));
         info!(admin = %listen, app_id = %config.kafka.app_id, instance = config.job.instance, "starting");

@@ -13,6 +13,9 @@
 mod auth;
 mod control_producer;
 mod routes;
+mod server;
+
+pub use server::{BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, serve};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,6 +92,7 @@ pub fn router(
     Ok(open
         .merge(guarded)
         .fallback(routes::not_found)
+        .layer(middleware::from_fn(server::read_body))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
