@@ -813,6 +813,7 @@ fn transactions_show_the_open_transaction_aging_warn_near_the_timeout_and_advanc
         "the committed transaction was the one named at its start"
     );
     assert_eq!(service.terminate(Duration::from_secs(60)).code(), Some(0));
+}
 
 // ------------------------------------------------------------------ abuse
 
