@@ -96,14 +96,21 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
             Bounce::Kill => "kill",
         });
         if let Bounce::LongOutage = bounce {
-            wait_until(
-                "the service to give the transaction up",
-                Duration::from_secs(90),
-                || {
-                    service.assert_running();
-                    service.log().matches(LOST).count() > lost_before
-                },
-            );
+            // librdkafka can hold a transactional call for its request timeout (`socket.timeout.ms`,
+            // 60 s) whatever the call's own timeout, so giving up can take that long.
+            let deadline = std::time::Instant::now() + Duration::from_secs(240);
+            while service.log().matches(LOST).count() <= lost_before {
+                service.assert_running();
+                if std::time::Instant::now() > deadline {
+                    kafka_rig("start");
+                    panic!(
+                        "bounce {}: the service did not give the transaction up within 240 s; log:\n{}",
+                        i + 1,
+                        service.log()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         service.assert_running();
         kafka_rig("start");

@@ -646,15 +646,38 @@ impl Job {
         self.reconnected = true;
         error!(error = %cause, "broker lost mid-transaction: replacing the producer; not ready until a checkpoint commits");
         let attempted = CheckpointRef::new(self.next_checkpoint_id, &self.run);
+        // Only a commit call that gave up leaves the outcome open; any earlier step means
+        // the transaction never asked to commit, so the last committed checkpoint holds.
+        let uncertain = matches!(
+            cause,
+            JobError::Sink(SinkError::TimedOut {
+                what: "commit_transaction",
+                ..
+            })
+        );
         let parts: Vec<_> = self.pipeline.offsets.keys().cloned().collect();
         let mut backoff = Duration::from_millis(500);
+        // One new producer whose fencing call is resumed until it succeeds: a fresh
+        // producer per attempt restarted the coordinator's fencing each time and, in the
+        // test, never got through.
+        let mut fresh = Some(Sink::unfenced(
+            &self.pipeline.config,
+            self.control.transactions.clone(),
+        )?);
         let committed = loop {
-            let attempt = Sink::new(&self.pipeline.config, self.control.transactions.clone())
-                .map_err(JobError::from)
-                .and_then(|sink| {
-                    self.pipeline.sink = sink;
-                    Ok(self.source.committed(&parts)?)
-                });
+            let attempt = match fresh.as_ref().map(|s| s.fence(&self.pipeline.config)) {
+                Some(Err(e)) => Err(JobError::from(e)),
+                Some(Ok(())) | None => {
+                    if let Some(sink) = fresh.take() {
+                        self.pipeline.sink = sink;
+                    }
+                    if uncertain {
+                        self.source.committed(&parts).map_err(JobError::from)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            };
             match attempt {
                 Ok(committed) => break committed,
                 Err(JobError::Sink(SinkError::Fenced(id))) => {

@@ -207,7 +207,7 @@ impl Metrics {
             transactions_near_timeout: IntCounter::new(
                 "streamstate_transaction_near_timeout_total",
                 "Transactions whose age passed 80% of transaction.timeout.ms while open.",
-)?,
+            )?,
             http_connections_refused: IntCounter::new(
                 "streamstate_http_connections_refused_total",
                 "Admin connections closed at once because the connection cap was reached.",

@@ -72,6 +72,13 @@ struct AtLeastOnce {
 impl Sink {
     /// Creates the producer and fences any older instance with the same transactional id.
     pub fn new(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
+        let sink = Self::unfenced(config, tracker)?;
+        sink.fence(config)?;
+        Ok(sink)
+    }
+
+    /// The producer, not yet registered with the transaction coordinator (no broker call).
+    pub fn unfenced(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         for (k, v) in config
             .kafka
@@ -101,19 +108,25 @@ impl Sink {
         let producer: ThreadedProducer<LogContext> = cc
             .create_with_context(LogContext::default())
             .map_err(SinkError::Kafka)?;
-        let sink = Self {
+        Ok(Self {
             producer,
             transactional_id,
             timeout: config.checkpoint.timeout,
             tracker,
             at_least_once,
-        };
-        if sink.at_least_once.is_none() {
-            sink.retrying("init_transactions", |p, t| p.init_transactions(t))?;
-            sink.tracker
-                .initialized(&sink.transactional_id, config.kafka.transaction_timeout);
+        })
+    }
+
+    /// `init_transactions`: fences older producers with our transactional id, and makes the
+    /// coordinator finish or abort their open transaction. A call that timed out is resumed
+    /// by calling this again on the same producer; a new producer would start over.
+    pub fn fence(&self, config: &Config) -> Result<(), SinkError> {
+        if self.at_least_once.is_none() {
+            self.retrying("init_transactions", |p, t| p.init_transactions(t))?;
+            self.tracker
+                .initialized(&self.transactional_id, config.kafka.transaction_timeout);
         }
-        Ok(sink)
+        Ok(())
     }
 
     /// Opens the transaction that `checkpoint`'s commit will end.
