@@ -143,15 +143,19 @@ impl Source {
         Ok(out)
     }
 
-    /// The group's committed offsets of `parts`, whatever checkpoint their metadata names
-    /// (after a rescale, several old instances' checkpoints).
-    pub fn committed_offsets(&self, parts: &[Partition]) -> Result<Offsets, SourceError> {
+    /// The group's committed offsets and metadata of `parts`, as the broker returns them.
+    fn group_offsets(&self, parts: &[Partition]) -> Result<TopicPartitionList, SourceError> {
         let mut tpl = TopicPartitionList::new();
         for (t, p) in parts {
             tpl.add_partition(t, *p);
         }
-        let got =
-            self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?;
+        Ok(self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?)
+    }
+
+    /// The group's committed offsets of `parts`, whatever checkpoint their metadata names
+    /// (after a rescale, several old instances' checkpoints).
+    pub fn committed_offsets(&self, parts: &[Partition]) -> Result<Offsets, SourceError> {
+        let got = self.group_offsets(parts)?;
         Ok(got
             .elements()
             .iter()
@@ -164,12 +168,7 @@ impl Source {
 
     /// Reads the group's committed offsets; `None` when this app never committed.
     pub fn committed(&self, parts: &[Partition]) -> Result<Option<Committed>, SourceError> {
-        let mut tpl = TopicPartitionList::new();
-        for (t, p) in parts {
-            tpl.add_partition(t, *p);
-        }
-        let got =
-            self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?;
+        let got = self.group_offsets(parts)?;
         let mut ids = Vec::new();
         let mut offsets = Offsets::new();
         for e in got.elements() {
