@@ -125,6 +125,7 @@ listen = "{self.admin}"
 
     def start(self, binary):
         self.log = open(os.path.join(self.dir, "service.log"), "w")
+        self.started_at = time.monotonic()  # nothing consumed yet: a lower bracket for rates
         self.proc = subprocess.Popen([binary, "run", "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         wait_for("service ready", 120, lambda: http_status(self.admin, "/readyz") == 200, self)
@@ -343,24 +344,33 @@ def prefill(bootstrap, topic, count):
 
 
 def consume_rate(job, count, bootstrap):
-    """events/s of `job` over a pre-filled input of `count` events: consumed between 10%
-    and 90% of it (start-up and the tail left out); waits until all is committed."""
+    """events/s of `job` over a pre-filled input of `count` events, from the last sample
+    below 10% of it to the first at or above 90% (start-up and the tail left out). The
+    window is bracketed by samples on both sides, so it is never empty even when the
+    whole middle is consumed between two samples; the rate is then an underestimate,
+    never a division by zero. Waits until all is committed."""
     lo, hi = 0.1 * count, 0.9 * count
-    t_lo = t_hi = None
+    # (time, consumed) of the last sample below `lo`; the process start if no sample was
+    # (a small input can be drained before the service reports ready; start-up then
+    # counts against the rate)
+    before = (job.started_at, 0.0)
+    start = end = None
     deadline = time.monotonic() + max(600, count / 200)
-    while t_hi is None:
+    while end is None:
         if time.monotonic() > deadline or not job.alive():
             raise SystemExit(f"throughput run did not finish; see {job.dir}/service.log")
         n = metric_sum(job.metrics(), "streamstate_records_consumed_total")
         now = time.monotonic()
-        if t_lo is None and n >= lo:
-            t_lo, n_lo = now, n
-        if t_lo is not None and n >= hi:
-            t_hi, n_hi = now, n
+        if n < lo:
+            before = (now, n)
+        elif start is None:
+            start = before
+        if start is not None and n >= hi and now > start[0]:
+            end = (now, n)
         time.sleep(0.2)
     wait_for("the job to commit everything", 300,
              lambda: committed_total(bootstrap, job.app_id, job.input, job.partitions) >= count, job)
-    return (n_hi - n_lo) / (t_hi - t_lo)
+    return (end[1] - start[1]) / (end[0] - start[0])
 
 
 def measure_max(args):
