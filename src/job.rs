@@ -644,7 +644,7 @@ impl Job {
     fn reconnect(&mut self, cause: JobError) -> Result<(), JobError> {
         self.control.ready.store(false, Ordering::SeqCst);
         self.reconnected = true;
-        error!(error = %cause, "broker lost mid-transaction: replacing the producer; not ready until a checkpoint commits");
+        error!(error = %cause, "broker lost mid-transaction: replacing the producer and the consumer; not ready until a checkpoint commits");
         let attempted = CheckpointRef::new(self.next_checkpoint_id, &self.run);
         // Only a commit call that gave up leaves the outcome open; any earlier step means
         // the transaction never asked to commit, so the last committed checkpoint holds.
@@ -664,22 +664,29 @@ impl Job {
             &self.pipeline.config,
             self.control.transactions.clone(),
         )?);
-        let committed = loop {
+        let (source, committed) = loop {
             let attempt = match fresh.as_ref().map(|s| s.fence(&self.pipeline.config)) {
                 Some(Err(e)) => Err(JobError::from(e)),
                 Some(Ok(())) | None => {
                     if let Some(sink) = fresh.take() {
                         self.pipeline.sink = sink;
                     }
-                    if uncertain {
-                        self.source.committed(&parts).map_err(JobError::from)
-                    } else {
-                        Ok(None)
-                    }
+                    // A fresh consumer too: the old one's requests to the restarted broker
+                    // (metadata, committed offsets) were seen timing out for minutes.
+                    Source::new(&self.pipeline.config)
+                        .and_then(|source| {
+                            let committed = if uncertain {
+                                source.committed(&parts)?
+                            } else {
+                                None
+                            };
+                            Ok((source, committed))
+                        })
+                        .map_err(JobError::from)
                 }
             };
             match attempt {
-                Ok(committed) => break committed,
+                Ok(found) => break found,
                 Err(JobError::Sink(SinkError::Fenced(id))) => {
                     return Err(JobError::Sink(SinkError::Fenced(id)));
                 }
@@ -698,6 +705,7 @@ impl Job {
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         };
+        self.source = source;
         if committed.as_ref().map(|c| &c.checkpoint) != Some(&attempted) {
             self.pipeline
                 .metrics
