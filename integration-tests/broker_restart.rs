@@ -23,10 +23,9 @@ fn broker_sigkill_mid_run_is_survived_without_duplicates_or_hanging_transactions
 }
 
 /// The broker stays away longer than `checkpoint.timeout` while a transaction is open:
-/// the service replaces its producer, settles the interrupted transaction from the
+/// the service replaces its producer and consumer, settles the interrupted transaction from the
 /// group's committed offsets and goes on, all in the same process.
 #[test]
-#[ignore = "not yet reliable: failed 1 of 4 last runs (see docs/reliability.md); run with --ignored"]
 fn broker_outage_longer_than_the_checkpoint_timeout_is_survived_in_process() {
     broker_restart(Storage::File, Bounce::LongOutage);
 }
