@@ -493,9 +493,7 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         bad
     );
     assert!(
-        text.contains(&format!(
-            "streamstate_records_dead_lettered_total{{partition="
-        )),
+        text.contains("streamstate_records_dead_lettered_total{partition="),
         "dead letters by topic, partition, reason"
     );
     assert_eq!(

@@ -615,9 +615,10 @@ impl Volume {
                 break;
             }
             let n = chunk.min((free - leave) as usize).max(4096);
-            if f.write_all(&vec![0u8; n]).and_then(|()| f.flush()).is_err() {
-                chunk /= 2;
-            } else if (n as u64) < chunk as u64 {
+            // A refused write (the volume is full at this size) or a short last piece:
+            // go on in smaller pieces until 4 KiB.
+            let written = f.write_all(&vec![0u8; n]).and_then(|()| f.flush()).is_ok();
+            if !written || n < chunk {
                 chunk /= 2;
             }
         }

@@ -212,7 +212,7 @@ pub(super) async fn list_savepoints(State(s): State<AppState>) -> ApiResult {
             all.push(r);
         }
     }
-    all.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms));
+    all.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
     Ok(Json(all).into_response())
 }
 

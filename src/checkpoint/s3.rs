@@ -799,9 +799,11 @@ mod tests {
     /// nor race over process-wide environment variables.
     fn builder() -> AmazonS3Builder {
         let env = |k: &str, default: &str| std::env::var(k).unwrap_or_else(|_| default.to_string());
-        let mut retry = object_store::RetryConfig::default();
-        retry.max_retries = 2;
-        retry.retry_timeout = Duration::from_secs(20);
+        let retry = object_store::RetryConfig {
+            max_retries: 2,
+            retry_timeout: Duration::from_secs(20),
+            ..Default::default()
+        };
         AmazonS3Builder::new()
             .with_endpoint(endpoint())
             .with_access_key_id(env("AWS_ACCESS_KEY_ID", "test"))

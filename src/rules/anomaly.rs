@@ -69,10 +69,16 @@ pub(crate) fn on_event(
     out: &mut Output,
 ) -> Result<(), FunctionError> {
     let x = match a.field.resolve(ev.value) {
-        None => return Ok(env.eval_error("field_missing")),
+        None => {
+            env.eval_error("field_missing");
+            return Ok(());
+        }
         Some(v) => match v.as_f64().filter(|x| x.is_finite()) {
             Some(x) => x,
-            None => return Ok(env.eval_error("not_a_number")),
+            None => {
+                env.eval_error("not_a_number");
+                return Ok(());
+            }
         },
     };
     env.set_namespace(&namespace(&rule.id, rule.version, window::ANOMALY, None));

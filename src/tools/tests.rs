@@ -107,16 +107,17 @@ fn snapshot(dir: &Path, backend: BackendKind) -> (std::path::PathBuf, SnapshotRe
     (out, r)
 }
 
-/// Per-key typed view of a restored store: what a job would read.
-fn view(
-    store: &StateStore,
-) -> Vec<(
+/// One key's states as a job reads them: (key index, count, events, totals, max in `w1`).
+type KeyView = (
     u64,
     Option<u64>,
     Vec<String>,
     Vec<(String, i64)>,
     Option<u64>,
-)> {
+);
+
+/// Per-key typed view of a restored store: what a job would read.
+fn view(store: &StateStore) -> Vec<KeyView> {
     let h = handles(store);
     let range = store.key_group_range();
     let mut out = Vec::new();
