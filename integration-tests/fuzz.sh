@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the decoder, the rule parser/envelope and the checkpoint manifest parser with
-# cargo-fuzz (libFuzzer), starting from the seed corpus in fuzz/corpus/<target>.
+# Fuzzes the decoder, the rule parser/envelope, the checkpoint manifest parser and the admin
+# API's request handling with cargo-fuzz (libFuzzer), starting from the seed corpus in
+# fuzz/corpus/<target>.
 #
 #   integration-tests/fuzz.sh [--seconds N]     (default 60 per target; CI passes 20)
 #
@@ -47,7 +48,7 @@ else
   echo "fuzz.sh: no prebuilt librocksdb.a under $CARGO_TARGET_DIR/release: building RocksDB (slow)" >&2
 fi
 cd "$root/fuzz"
-targets=(decode rules manifest)
+targets=(decode rules manifest admin)
 echo "== build fuzz targets (${targets[*]})"
 if ! cargo "${toolchain[@]}" fuzz build -O >"$CARGO_TARGET_DIR/fuzz-build.log" 2>&1; then
   # Known: librdkafka's own configure (rdkafka-sys, mklove) fails under cargo-fuzz's build

@@ -1,5 +1,5 @@
-//! In-process fuzz loop over the same three parsers as the cargo-fuzz targets in `fuzz/`
-//! (decoder + key extraction, rule spec + control envelope, checkpoint manifest): mutations
+//! In-process fuzz loop over the same four targets as cargo-fuzz in `fuzz/` (decoder + key
+//! extraction, rule spec + control envelope, checkpoint manifest, admin requests): mutations
 //! of the seed corpus in `fuzz/corpus/<target>` plus random bytes, for
 //! `STREAMSTATE_FUZZ_SECONDS` per target (default 5). Used by `integration-tests/fuzz.sh`
 //! when cargo-fuzz cannot build (see docs/reliability.md); no broker needed.
@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
+use streamstate::admin::fuzzing::Harness;
 use streamstate::checkpoint::{CheckpointRef, Manifest, is_safe_path};
 use streamstate::control::Rules;
 use streamstate::decode::Decoder;
@@ -66,6 +67,15 @@ const TOKENS: &[&[u8]] = &[
     b"\xff",
     b"\xc3",
     b"18446744073709551615",
+    b"\r\n",
+    b"\r\n\r\n",
+    b"%2e%2e%2f",
+    b"Content-Length: ",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Authorization: Bearer t0ken\r\n",
+    b"/checkpoints/",
+    b"/state/",
+    b"/rules/",
 ];
 
 fn mutate(rng: &mut impl Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
@@ -191,4 +201,10 @@ fn manifest() {
             assert!(m.state.files.iter().all(|f| is_safe_path(&f.path)));
         }
     });
+}
+
+#[test]
+fn admin() {
+    let harness = Harness::new().expect("admin harness");
+    fuzz("admin", |data| drop(harness.check(data)));
 }

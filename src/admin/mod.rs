@@ -12,6 +12,8 @@
 
 mod auth;
 mod control_producer;
+#[doc(hidden)]
+pub mod fuzzing;
 mod routes;
 mod server;
 
