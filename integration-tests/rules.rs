@@ -61,6 +61,16 @@ fn rule_updated_while_events_flow_names_its_version_and_stops_when_deleted() {
     let evs = events(1_500, 0, 11);
     produce_all(&job.input, &evs[..500], Some(2_000));
     wait_rule(&job, &mut service, "cnt", (1, false));
+    // v1 must have processed these before v2 is published: control and input are read
+    // side by side, so a v2 published now could otherwise overtake them (seen in CI).
+    wait_until(
+        "the first 500 inputs committed under v1",
+        Duration::from_secs(60),
+        || {
+            service.assert_running();
+            job.committed() >= 500
+        },
+    );
 
     produce_rules(&job.control, &[("cnt".into(), Some(count_rule(2)))]);
     wait_rule(&job, &mut service, "cnt", (2, false));
