@@ -26,9 +26,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
 features=(--features streamstate/failpoints)
 if [ "$long" = 1 ]; then
   export STREAMSTATE_TEST_BROKER_RESTARTS=5 STREAMSTATE_TEST_KILLS=150 STREAMSTATE_TEST_STORM_SECS=300 STREAMSTATE_TEST_CORRUPTION=all
-  fuzz_seconds=60
+  fuzz_seconds=60 fuzz_engine=cargo-fuzz
 else
-  fuzz_seconds=20
+  fuzz_seconds=20 fuzz_engine=loop
 fi
 "$root/integration-tests/checker/setup.sh" >/dev/null
 if [ -z "${STREAMSTATE_TEST_BOOTSTRAP:-}" ]; then
@@ -52,8 +52,8 @@ echo "== battery: admin abuse (bad tokens, concurrent triggers, traversal, 1 MiB
 cargo test --release --locked "${features[@]}" --test admin admin_abuse -- --test-threads=1
 echo "== battery: soak, short form (2 minutes)"
 cargo test --release --locked "${features[@]}" --test soak -- --test-threads=1
-echo "== battery: fuzz ${fuzz_seconds}s per target"
-"$root/integration-tests/fuzz.sh" --seconds "$fuzz_seconds"
+echo "== battery: fuzz ${fuzz_seconds}s per target ($fuzz_engine)"
+"$root/integration-tests/fuzz.sh" --seconds "$fuzz_seconds" --engine "$fuzz_engine"
 if [ "$long" = 1 ]; then
   cargo build --release --locked "${features[@]}" --bin streamstate
   bin="$CARGO_TARGET_DIR/release/streamstate"

@@ -1,34 +1,45 @@
 #!/usr/bin/env bash
 # Fuzzes the decoder, the rule parser/envelope, the checkpoint manifest parser and the admin
-# API's request handling with cargo-fuzz (libFuzzer), starting from the seed corpus in
-# fuzz/corpus/<target>.
+# API's request handling, starting from the seed corpus in fuzz/corpus/<target>.
 #
-#   integration-tests/fuzz.sh [--seconds N]     (default 60 per target; CI passes 20)
+#   integration-tests/fuzz.sh [--seconds N] [--engine cargo-fuzz|loop]
 #
-# Needs the nightly toolchain's -Z flags: uses `cargo +nightly` when installed, else the
-# stable toolchain with RUSTC_BOOTSTRAP=1. Installs cargo-fuzz (pinned) when missing. Links
-# the RocksDB library the main release build already compiled (ROCKSDB_LIB_DIR), so the
-# fuzz build does not redo RocksDB's 20-minute C++ build. Found crashes are left in
-# fuzz/artifacts/<target>/ and make the script fail. If cargo-fuzz cannot build, runs the
-# in-process fuzz loop (integration-tests/fuzz_loop.rs) on the same parsers instead.
+# --seconds: per target (default 60; CI passes 20).
+# --engine cargo-fuzz (default): libFuzzer via cargo-fuzz, needing the nightly toolchain's -Z
+#   flags (`cargo +nightly` when installed, else stable with RUSTC_BOOTSTRAP=1); installs
+#   cargo-fuzz (pinned) and curl's headers (librdkafka's CMake build) when missing, and links
+#   the RocksDB library the main release build already compiled (ROCKSDB_LIB_DIR), so the
+#   fuzz build does not redo RocksDB's 20-minute C++ build. Its first build, every dependency
+#   with sanitizer flags, takes 15-20 minutes on 2 cores. Found crashes are left in
+#   fuzz/artifacts/<target>/ and make the script fail. If the build fails, says so and runs
+#   the loop instead.
+# --engine loop (CI's short form): integration-tests/fuzz_loop.rs, an in-process mutation
+#   loop over the same targets and seeds, built with the tests (no sanitizer build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 seconds=60
+engine=cargo-fuzz
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
-    *) echo "usage: $0 [--seconds N]" >&2; exit 2 ;;
+    --engine) engine="$2"; shift 2 ;;
+    *) echo "usage: $0 [--seconds N] [--engine cargo-fuzz|loop]" >&2; exit 2 ;;
   esac
 done
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
-# cargo-fuzz currently cannot build librdkafka (see the fallback below) and a failed attempt
-# costs ~10 minutes of compiling: try it only when asked (STREAMSTATE_CARGO_FUZZ=1).
-if [ "${STREAMSTATE_CARGO_FUZZ:-0}" != 1 ]; then
-  echo "== in-process fuzz loop, ${seconds}s per target (STREAMSTATE_CARGO_FUZZ=1 tries cargo-fuzz first)"
-  STREAMSTATE_FUZZ_SECONDS="$seconds" cargo test --release --locked --features failpoints --test fuzz_loop -- --test-threads=1 --nocapture 2>&1 \
+case "$engine" in cargo-fuzz|loop) ;; *) echo "fuzz.sh: --engine cargo-fuzz or loop" >&2; exit 2 ;; esac
+main_target="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
+run_loop() {
+  echo "== in-process fuzz loop, ${seconds}s per target"
+  cd "$root"
+  CARGO_TARGET_DIR="$main_target" STREAMSTATE_FUZZ_SECONDS="$seconds" \
+    cargo test --release --locked --features failpoints --test fuzz_loop -- --test-threads=1 --nocapture 2>&1 \
     | grep -E "^fuzz |test result|panicked|crash"
-  exit "${PIPESTATUS[0]}"
+  return "${PIPESTATUS[0]}"
+}
+if [ "$engine" = loop ]; then
+  run_loop
+  exit $?
 fi
 CARGO_FUZZ_VERSION=0.13.1
 if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
@@ -41,25 +52,28 @@ else
   export RUSTC_BOOTSTRAP=1
 fi
 # Reuse the release build's librocksdb.a (run.sh / cargo build --release builds it first).
-lib=$(ls -t "$CARGO_TARGET_DIR"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n1 || true)
+lib=$(ls -t "$main_target"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -n1 || true)
 if [ -n "$lib" ]; then
   export ROCKSDB_LIB_DIR="$(dirname "$lib")" ROCKSDB_STATIC=1
 else
-  echo "fuzz.sh: no prebuilt librocksdb.a under $CARGO_TARGET_DIR/release: building RocksDB (slow)" >&2
+  echo "fuzz.sh: no prebuilt librocksdb.a under $main_target/release: building RocksDB (slow)" >&2
 fi
+# The fuzz crate builds librdkafka with CMake, which wants curl's headers.
+if ! dpkg -s libcurl4-openssl-dev >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq libcurl4-openssl-dev >/dev/null
+fi
+# Its own target dir: the sanitizer build shares nothing with the release build's artifacts.
+export CARGO_TARGET_DIR="${STREAMSTATE_FUZZ_TARGET_DIR:-$main_target/fuzz}"
+mkdir -p "$CARGO_TARGET_DIR"
 cd "$root/fuzz"
 targets=(decode rules manifest admin)
 echo "== build fuzz targets (${targets[*]})"
 if ! cargo "${toolchain[@]}" fuzz build -O >"$CARGO_TARGET_DIR/fuzz-build.log" 2>&1; then
-  # Known: librdkafka's own configure (rdkafka-sys, mklove) fails under cargo-fuzz's build
-  # ("rm: Argument list too long"), so the targets cannot link. Fall back to the in-process
-  # fuzz loop over the same parsers and seeds (integration-tests/fuzz_loop.rs).
+  # The in-process loop still covers the same targets and seeds; the failure is named.
   grep -m3 -E "error|Argument list" "$CARGO_TARGET_DIR/fuzz-build.log" >&2 || true
   echo "fuzz.sh: cargo-fuzz build failed (log: $CARGO_TARGET_DIR/fuzz-build.log); running the in-process fuzz loop instead" >&2
-  cd "$root"
-  STREAMSTATE_FUZZ_SECONDS="$seconds" cargo test --release --locked --features failpoints --test fuzz_loop -- --test-threads=1 --nocapture 2>&1 \
-    | grep -E "^fuzz |test result|panicked|crash" 
-  exit "${PIPESTATUS[0]}"
+  run_loop
+  exit $?
 fi
 status=0
 for t in "${targets[@]}"; do

@@ -66,5 +66,5 @@ cargo test --release --workspace --locked --no-fail-fast "${features[@]}" --test
 
 # The battery's Rust tests (integration-tests/battery.rs, broker_restart.rs) ran above; its
 # fuzzing runs here. Long form: integration-tests/battery.sh --long (docs/reliability.md).
-echo "== reliability battery: fuzz the decoder, rule parser and manifest parser (20 s per target)"
-"$root/integration-tests/fuzz.sh" --seconds 20
+echo "== reliability battery: fuzz the decoder, rule parser, manifest parser and admin requests (in-process loop, 20 s per target)"
+"$root/integration-tests/fuzz.sh" --seconds 20 --engine loop
