@@ -29,6 +29,7 @@ Speed is reported, never asserted.
 """
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -126,8 +127,8 @@ listen = "{self.admin}"
     def start(self, binary):
         self.log = open(os.path.join(self.dir, "service.log"), "w")
         self.started_at = time.monotonic()  # nothing consumed yet: a lower bracket for rates
-        self.proc = subprocess.Popen([binary, "run", "--config", self.config],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = child(subprocess.Popen([binary, "run", "--config", self.config],
+                                           stdout=self.log, stderr=subprocess.STDOUT))
         wait_for("service ready", 120, lambda: http_status(self.admin, "/readyz") == 200, self)
 
     def delete_topics(self, with_input=False):
@@ -331,9 +332,27 @@ def cmd_read(args):
 
 # ------------------------------------------------------------------ the run
 
+# Every process this run starts; whatever is still running when it ends, also by an error
+# (SystemExit, a traceback), is killed, so a failed soak leaves no producer, reader,
+# checker or service behind (a failed CI run once left a checker writing for minutes).
+CHILDREN = []
+
+
+@atexit.register
+def _kill_children():
+    for p in CHILDREN:
+        if p.poll() is None:
+            p.kill()
+
+
+def child(p):
+    CHILDREN.append(p)
+    return p
+
+
 def spawn_self(*argv):
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv],
-                            stdout=subprocess.PIPE, text=True)
+    return child(subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv],
+                                  stdout=subprocess.PIPE, text=True))
 
 
 def prefill(bootstrap, topic, count):
@@ -420,9 +439,9 @@ def run(args):
     stop_file = os.path.join(args.out, "checker.stop")
     if os.path.exists(stop_file):
         os.remove(stop_file)
-    follower = subprocess.Popen([sys.executable, FOLLOWER, "--bootstrap", args.bootstrap, "--group", job.app_id,
-                                 "--input", job.input, "--output", job.output, "--dlq", job.dlq,
-                                 "--stop-file", stop_file, "--expect-all"], stdout=subprocess.PIPE, text=True)
+    follower = child(subprocess.Popen([sys.executable, FOLLOWER, "--bootstrap", args.bootstrap, "--group", job.app_id,
+                                       "--input", job.input, "--output", job.output, "--dlq", job.dlq,
+                                       "--stop-file", stop_file, "--expect-all"], stdout=subprocess.PIPE, text=True))
     latencies = os.path.join(args.out, "latencies.txt")
     open(latencies, "w").close()
     reader = spawn_self("read", "--bootstrap", args.bootstrap, "--topic", job.output, "--latencies", latencies)
