@@ -106,6 +106,9 @@ dead_letter_topic = "{self.dlq}"
 control_topic = "{self.control}"
 transaction_timeout = "60s"
 
+[kafka.producer_properties]
+"compression.type" = "lz4"
+
 [job]
 key = "/user_id"
 function = "count"
@@ -265,8 +268,10 @@ PROBE_EVERY = [1]
 
 def cmd_produce(args):
     """Open loop: event i is due at start + i/rate; sends everything due, then sleeps."""
+    # lz4, as the service's producer in the soak: an hour's records must fit the disk.
     p = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 5, "acks": "all",
-                  "enable.idempotence": True, "queue.buffering.max.messages": 1_000_000})
+                  "enable.idempotence": True, "queue.buffering.max.messages": 1_000_000,
+                  "compression.type": "lz4"})
     failed = [0]
 
     def on_delivery(err, _msg):
@@ -392,6 +397,23 @@ def consume_rate(job, count, bootstrap):
     return (end[1] - start[1]) / (end[0] - start[0])
 
 
+def start_rig(args, job, out):
+    """The independent checker following `job`'s topics from the start (a soak's records
+    do not fit in check.py's memory; it judges once `out`/checker.stop appears) and the
+    latency reader writing `out`/latencies.txt: (follower, reader)."""
+    os.makedirs(out, exist_ok=True)
+    stop_file = os.path.join(out, "checker.stop")
+    if os.path.exists(stop_file):
+        os.remove(stop_file)
+    follower = child(subprocess.Popen([sys.executable, FOLLOWER, "--bootstrap", args.bootstrap, "--group", job.app_id,
+                                       "--input", job.input, "--output", job.output, "--dlq", job.dlq,
+                                       "--stop-file", stop_file, "--expect-all"], stdout=subprocess.PIPE, text=True))
+    latencies = os.path.join(out, "latencies.txt")
+    open(latencies, "w").close()
+    reader = spawn_self("read", "--bootstrap", args.bootstrap, "--topic", job.output, "--latencies", latencies)
+    return follower, reader
+
+
 def measure_max(args):
     """(drain rate of a pre-filled topic, rate sustained while the producer runs)."""
     job = Job(args.bootstrap, args.out, "max", args.partitions, "10s")
@@ -402,11 +424,13 @@ def measure_max(args):
     job.stop()
     job.delete_topics(with_input=True)
     log(f"max throughput, pre-filled topic: {drain:.0f} events/s")
-    # The soak's producer shares the machine with the service; draining a backlog in big
-    # fetches with nobody producing overstates what the service keeps up with while it
-    # runs. So also: produce as fast as possible and measure what the service consumes.
+    # The soak's rig shares the machine with the service; draining a backlog in big
+    # fetches with nobody producing overstates what the service keeps up with during the
+    # soak. So also: run the soak's rig (producer as fast as possible, the follower and the
+    # latency reader) and measure what the service consumes meanwhile.
     job = Job(args.bootstrap, args.out, "max-live", args.partitions, "10s")
     job.start(args.bin)
+    rig = start_rig(args, job, os.path.join(job.dir, "rig"))
     pr = spawn_self("produce", "--bootstrap", args.bootstrap, "--topic", job.input,
                     "--rate", "0", "--seconds", str(SUSTAINED_SECONDS))
     time.sleep(SUSTAINED_SECONDS / 4)  # a measuring pause, not a wait for a condition
@@ -414,6 +438,9 @@ def measure_max(args):
     time.sleep(SUSTAINED_SECONDS * 3 / 4 - 1)
     n1, t1 = metric_sum(job.metrics(), "streamstate_records_consumed_total"), time.monotonic()
     pr.communicate()
+    for p in rig:
+        p.kill()  # their verdicts do not matter here
+        p.wait()
     job.proc.kill()  # its backlog does not matter
     job.proc.wait()
     job.delete_topics(with_input=True)
@@ -436,15 +463,9 @@ def run(args):
     rss_at_ready = rss_kib(pid)
     # The independent checker follows the topics from the start (a soak's records do not
     # fit in check.py's memory) and judges after the service has stopped.
+    follower, reader = start_rig(args, job, args.out)
     stop_file = os.path.join(args.out, "checker.stop")
-    if os.path.exists(stop_file):
-        os.remove(stop_file)
-    follower = child(subprocess.Popen([sys.executable, FOLLOWER, "--bootstrap", args.bootstrap, "--group", job.app_id,
-                                       "--input", job.input, "--output", job.output, "--dlq", job.dlq,
-                                       "--stop-file", stop_file, "--expect-all"], stdout=subprocess.PIPE, text=True))
     latencies = os.path.join(args.out, "latencies.txt")
-    open(latencies, "w").close()
-    reader = spawn_self("read", "--bootstrap", args.bootstrap, "--topic", job.output, "--latencies", latencies)
     log(f"soak: {rate:.0f} events/s for {args.minutes} min into {job.input} (service pid {pid})")
     producer = spawn_self("produce", "--bootstrap", args.bootstrap, "--topic", job.input,
                           "--rate", str(rate), "--seconds", str(seconds))
