@@ -25,7 +25,7 @@ esac
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
 features=(--features streamstate/failpoints)
 if [ "$long" = 1 ]; then
-  export STREAMSTATE_TEST_BROKER_RESTARTS=5 STREAMSTATE_TEST_KILLS=150 STREAMSTATE_TEST_STORM_SECS=300 STREAMSTATE_TEST_CORRUPTION=all
+  export STREAMSTATE_TEST_BROKER_RESTARTS=5 STREAMSTATE_TEST_KILLS=150 STREAMSTATE_TEST_STORM_SECS=300 STREAMSTATE_TEST_CORRUPTION=all STREAMSTATE_TEST_ZOMBIES=5
   fuzz_seconds=60 fuzz_engine=cargo-fuzz
 else
   fuzz_seconds=20 fuzz_engine=loop
@@ -48,6 +48,8 @@ echo "== battery: broker SIGTERM/SIGKILL restarts"
 cargo test --release --locked "${features[@]}" --test broker_restart -- --test-threads=1
 echo "== battery: random SIGKILLs (${STREAMSTATE_TEST_KILLS:-20})"
 cargo test --release --locked "${features[@]}" --test exactly_once random_sigkills -- --test-threads=2
+echo "== battery: zombie instances (${STREAMSTATE_TEST_ZOMBIES:-1} per storage)"
+cargo test --release --locked "${features[@]}" --test exactly_once zombie -- --test-threads=1
 echo "== battery: admin abuse (bad tokens, concurrent triggers, traversal, 1 MiB bodies, slow clients)"
 cargo test --release --locked "${features[@]}" --test admin admin_abuse -- --test-threads=1
 echo "== battery: soak, short form (2 minutes)"
@@ -59,7 +61,9 @@ if [ "$long" = 1 ]; then
   bin="$CARGO_TARGET_DIR/release/streamstate"
   python="$("$root/integration-tests/checker/setup.sh" | tail -n1)"
   out="$(mktemp -d /var/tmp/streamstate-battery.XXXXXX)"
-  echo "== battery: admin abuse vs throughput (3 rounds quiet/abused; results in $out/abuse)"
+  echo "== battery: zombie instances (${STREAMSTATE_TEST_ZOMBIES:-1} per storage)"
+cargo test --release --locked "${features[@]}" --test exactly_once zombie -- --test-threads=1
+echo "== battery: admin abuse vs throughput (3 rounds quiet/abused; results in $out/abuse)"
   "$python" "$root/integration-tests/soak/admin_abuse_bench.py" --bin "$bin" \
     --bootstrap "$STREAMSTATE_TEST_BOOTSTRAP" --out "$out/abuse" --rounds 3
   echo "== battery: soak ${SOAK_MINUTES:-60} min at 60% of max throughput (results in $out/soak)"

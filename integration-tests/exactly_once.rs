@@ -155,10 +155,27 @@ fn zombie_is_fenced_writes_nothing_more_and_exits_on_s3_storage() {
 /// cores starve the transaction coordinator past the tests' timeouts.
 static ZOMBIES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// `STREAMSTATE_TEST_ZOMBIES` rounds (default 1; `battery.sh --long`: 5 per storage, so
+/// 10 zombies in all), each a fresh job.
 fn zombie(storage: Storage) {
     let _one_at_a_time = ZOMBIES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let rounds: usize = std::env::var("STREAMSTATE_TEST_ZOMBIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 1..=rounds {
+        let started = Instant::now();
+        zombie_once(storage);
+        eprintln!(
+            "zombie {round}/{rounds} on {storage:?}: fenced, exited, nothing duplicated ({:?})",
+            started.elapsed()
+        );
+    }
+}
+
+fn zombie_once(storage: Storage) {
     let job = Job::new("zombie", 4);
     // A short transaction timeout so pausing "past" it stays quick.
     let env = configure(&job, storage, "300ms");

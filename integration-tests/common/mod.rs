@@ -938,7 +938,7 @@ pub fn check_rules(job: &Job, service: &mut Service) {
 // ---------------------------------------------------------------- storage choice
 
 /// Every recovery test runs on both kinds of checkpoint storage.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Storage {
     File,
     S3,
