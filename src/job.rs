@@ -637,8 +637,9 @@ impl Job {
     /// transactional call, so whether the epoch's transaction committed is unknown here.
     /// A new producer with the same transactional id settles it: its `init_transactions`
     /// fences the old one, and the coordinator finishes a commit it had accepted or aborts
-    /// the rest. The group's committed offsets then say which checkpoint is true, exactly
-    /// as at a start, and the job rewinds to it. Exiting instead would leave the same
+    /// the rest. A new consumer replaces the old one too, whose requests to a restarted
+    /// broker were seen timing out for minutes. The group's committed offsets then say
+    /// which checkpoint is true, exactly as at a start, and the job rewinds to it. Exiting instead would leave the same
     /// decision to a restart; doing it here keeps the process (and its admin API) up and
     /// not ready meanwhile, retrying with backoff until the broker answers.
     fn reconnect(&mut self, cause: JobError) -> Result<(), JobError> {
