@@ -138,28 +138,83 @@ token_file = "{token}"
         let Ok(out) = out else {
             panic!("no answer within {HANG:?}");
         };
-        if out.is_empty() {
-            return Vec::new(); // nothing that looked like a request head arrived
-        }
-        // hyper answers in the request's version (1.0 or 1.1).
-        assert!(
-            out.starts_with(b"HTTP/1.1 ") || out.starts_with(b"HTTP/1.0 "),
-            "not an HTTP response: {:?}",
-            String::from_utf8_lossy(&out[..out.len().min(200)])
-        );
-        let text = String::from_utf8_lossy(&out).replace("HTTP/1.0 ", "HTTP/1.1 ");
+        // Empty: nothing that looked like a request head arrived.
         let mut statuses = Vec::new();
-        for response in text.split("HTTP/1.1 ").skip(1) {
-            let status = response.get(..3).and_then(|s| s.parse().ok());
-            let Some(status) = status else {
-                panic!("no status in {response:?}");
-            };
+        for (status, body) in responses(&out) {
             if status == 500 {
-                assert!(response.contains(STAND_IN), "500: {response}");
+                let body = String::from_utf8_lossy(body);
+                assert!(body.contains(STAND_IN), "500: {body}");
             }
             statuses.push(status);
         }
         statuses
+    }
+}
+
+/// Splits a connection's output into (status, body) per response, reading each head's
+/// `content-length` or chunked framing, so text a body echoes (an id from the path, say)
+/// is never taken for another response.
+///
+/// # Panics
+/// When the output is not a sequence of HTTP/1 responses.
+fn responses(mut out: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut all = Vec::new();
+    while !out.is_empty() {
+        let Some(head_len) = out.windows(4).position(|w| w == b"\r\n\r\n") else {
+            panic!(
+                "a response head without its end: {:?}",
+                String::from_utf8_lossy(out)
+            );
+        };
+        let head = String::from_utf8_lossy(&out[..head_len]).to_ascii_lowercase();
+        // hyper answers in the request's version (1.0 or 1.1).
+        let status = head
+            .strip_prefix("http/1.1 ")
+            .or_else(|| head.strip_prefix("http/1.0 "))
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok());
+        let Some(status) = status else {
+            panic!("not an HTTP response: {head:?}");
+        };
+        let header = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+        };
+        let rest = &out[head_len + 4..];
+        let (body, used) = if let Some(len) = header("content-length:") {
+            let len: usize = len
+                .parse()
+                .unwrap_or_else(|_| panic!("content-length {len:?}"));
+            assert!(rest.len() >= len, "body shorter than its content-length");
+            (&rest[..len], len)
+        } else if header("transfer-encoding:").is_some_and(|v| v.contains("chunked")) {
+            let len = chunked_len(rest);
+            (&rest[..len], len)
+        } else {
+            (rest, rest.len()) // delimited by the connection's close
+        };
+        all.push((status, body));
+        out = &rest[used..];
+    }
+    all
+}
+
+/// Bytes a chunked body takes, up to and including its last (empty) chunk's CRLFs.
+fn chunked_len(body: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        let Some(line) = body[at..].windows(2).position(|w| w == b"\r\n") else {
+            panic!("chunked body without a size line");
+        };
+        let size = std::str::from_utf8(&body[at..at + line])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.split(';').next().unwrap_or("").trim(), 16).ok())
+            .unwrap_or_else(|| panic!("bad chunk size"));
+        at += line + 2 + size + 2;
+        assert!(at <= body.len(), "chunk longer than the output");
+        if size == 0 {
+            return at;
+        }
     }
 }
 
@@ -191,10 +246,27 @@ mod tests {
             ("state", vec![404]),
             ("bad_token", vec![401]),
             ("rules", vec![404, 200, 200]),
+            ("echo_status", vec![404, 200]),
         ] {
             assert_eq!(h.check(&seed(name)), expected, "{name}");
         }
         assert_eq!(h.check(b""), Vec::<u16>::new());
         assert_eq!(h.check(b"\x00garbage\r\n\r\n"), vec![400]);
+    }
+
+    #[test]
+    fn responses_are_split_by_their_framing_not_by_text_in_bodies() {
+        let out = b"HTTP/1.1 404 Not Found\r\ncontent-length: 16\r\n\r\nHTTP/1.1 500 x y\
+HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
+HTTP/1.0 400 Bad Request\r\n\r\nrest";
+        let got: Vec<(u16, &[u8])> = responses(out);
+        assert_eq!(
+            got,
+            vec![
+                (404, b"HTTP/1.1 500 x y".as_slice()),
+                (200, b"3\r\nabc\r\n0\r\n\r\n".as_slice()),
+                (400, b"rest".as_slice()),
+            ]
+        );
     }
 }
