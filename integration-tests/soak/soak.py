@@ -9,14 +9,16 @@
 `run`:
  1. max throughput, the lower of: the drain rate of a topic pre-filled with `--prefill`
     events (events/s from `streamstate_records_consumed_total` between 10% and 90% of the
-    input), and the rate the service consumes while the producer sends as fast as it can
-    for 20 s (skipped with `--prefill 0`);
+    input), and the rate the service consumes for 20 s while the soak's rig runs beside it
+    (the producer sending as fast as it can, the follower checker, the latency reader),
+    which share the machine during the soak too (skipped with `--prefill 0`);
  2. soak: a fresh job with `checkpoint.interval = 10s` and an open-loop producer at
     `--rate-fraction` of that maximum for `--minutes`, sampling once a minute: the
     service's VmRSS, end-to-end latency (intended send time -> output visible to a
     read_committed reader), checkpoint durations and consumer lag from /metrics;
- 3. drains (lag 0), stops the service with SIGTERM and runs the independent checker
-    (integration-tests/checker/check.py --expect-all) over the whole soak;
+ 3. drains (lag 0), stops the service with SIGTERM; the independent checker
+    (integration-tests/checker/follow.py, following the topics from the start) judges the
+    whole soak, and check.py --expect-all as well when it is small enough;
  4. writes DIR/summary.json and DIR/summary.txt (and DIR/samples.jsonl).
 
 Latency probes: 10 events a second carry the key `probe-<intended send ms>-<n>`; the
