@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -178,9 +179,41 @@ def histogram_quantile(samples, name, q):
     return next(le for le, c in buckets if c >= q * total)
 
 
+CHECKPOINT_LINE = re.compile(r"checkpoint completed .*?bytes=(\d+) bytes_written=(\d+) ms=(\d+)")
+
+
+def logged_checkpoints(path):
+    """(bytes, bytes_written, ms) of every checkpoint a streamstate log reports (INFO)."""
+    with open(path, errors="replace") as f:
+        return [tuple(int(x) for x in m.groups()) for m in map(CHECKPOINT_LINE.search, f) if m]
+
+
+def exact_quantile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def state_sweep(checkpoints, sizes_mb):
+    """Checkpoint figures per state size: the checkpoints whose total size was within
+    ±25% of each size. Synchronous checkpoints: duration = processing pause."""
+    out = []
+    for mb in sizes_mb:
+        band = [c for c in checkpoints if 0.75 * mb * 1e6 <= c[0] <= 1.25 * mb * 1e6]
+        row = {"state_mb": mb, "checkpoints": len(band)}
+        if band:
+            ms = [c[2] for c in band]
+            row.update({"p50_ms": exact_quantile(ms, 0.5), "p99_ms": exact_quantile(ms, 0.99), "max_ms": max(ms),
+                        "median_bytes": statistics.median(c[0] for c in band),
+                        "median_incremental_bytes": statistics.median(c[1] for c in band)})
+        out.append(row)
+    return out
+
+
 def run_recovery(a, spec, total):
-    """S-EO on the main input: SIGKILL at half the input, restart, and time the reopen
-    (restore) and the catch-up; then state size, checkpoint figures and disk per key."""
+    """S-EO on the main input until its checkpoints reach the largest size of the state
+    sweep (or half the input without a sweep; at most 90% of it, so there is something
+    to catch up), SIGKILL, restart, and time the reopen (restore) and the catch-up. Every
+    checkpoint's size and duration come from the contender's INFO log."""
     _, _, launch = spec
     tag = f"recovery-{uuid.uuid4().hex[:6]}"
     app, output = f"bench-{tag}", f"bench-{tag}-out"
@@ -190,23 +223,39 @@ def run_recovery(a, spec, total):
     ensure_topic(a.bootstrap, output + "-dlq", 1)
     progress = Progress(a.bootstrap, app, a.input, a.partitions)
     result = {}
-    proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output)
+    info = {"RUST_LOG": "warn,streamstate::job=info"}
+    kill_bytes = max(a.state_sweep_mb) * 1e6 if a.state_sweep_mb else None
+    proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output, info, "contender-before-kill.log")
     try:
-        wait_committed(a, proc, progress, total // 2, "S-EO to half the input")
+        deadline = time.monotonic() + a.timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"S-EO before the kill: contender exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"S-EO before the kill: not done within {a.timeout}s")
+            done = progress.committed()
+            if kill_bytes is None and done >= total // 2:
+                break
+            if done >= 0.9 * total or (kill_bytes is not None and
+                                       scrape(a.admin_port).get("streamstate_last_checkpoint_size_bytes", 0) >= kill_bytes):
+                break
+            time.sleep(0.2)
         before = scrape(a.admin_port)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         logf.close()
         killed_at = progress.committed()
         state_bytes = sum(f.stat().st_size for f in (run_dir / "state").rglob("*") if f.is_file())
+        checkpoints = logged_checkpoints(run_dir / "contender-before-kill.log")
         restarted = time.monotonic()
-        proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output)
+        proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output, info, "contender-after-kill.log")
         wait_committed(a, proc, progress, killed_at + 1, "S-EO first commit after restart")
         first_commit = time.monotonic() - restarted
         wait_committed(a, proc, progress, total, "S-EO catch-up")
         caught_up = time.monotonic() - restarted
         after = scrape(a.admin_port)
         keys = a.keys
+        ms = [c[2] for c in checkpoints]
         result = {
             "killed_at_events": killed_at,
             "local_state_bytes_at_kill": state_bytes,
@@ -214,13 +263,15 @@ def run_recovery(a, spec, total):
             "restore_bytes": after.get("streamstate_restore_size_bytes"),
             "first_commit_after_restart_s": first_commit,
             "catch_up_s": caught_up,
-            "checkpoint_p50_s": histogram_quantile(before, "streamstate_checkpoint_duration_seconds", 0.5),
-            "checkpoint_p99_s": histogram_quantile(before, "streamstate_checkpoint_duration_seconds", 0.99),
-            "checkpoints_before_kill": before.get("streamstate_checkpoints_completed_total"),
+            "checkpoint_p50_ms": exact_quantile(ms, 0.5),
+            "checkpoint_p99_ms": exact_quantile(ms, 0.99),
+            "checkpoint_max_ms": max(ms) if ms else None,
+            "checkpoints_before_kill": len(checkpoints),
             "last_checkpoint_bytes": before.get("streamstate_last_checkpoint_size_bytes"),
             "last_checkpoint_incremental_bytes": before.get("streamstate_last_checkpoint_incremental_size_bytes"),
             "state_size_bytes_metric": before.get("streamstate_state_size_bytes"),
             "disk_bytes_per_key": state_bytes / keys if keys else None,
+            "sweep": state_sweep(checkpoints, a.state_sweep_mb),
         }
     except (RuntimeError, TimeoutError) as e:
         result["error"] = str(e)
@@ -303,9 +354,10 @@ def run_one(a, name, spec, repeat, total):
     return result
 
 
-def start(a, name, launch, run_dir, app, input_topic, output):
+def start(a, name, launch, run_dir, app, input_topic, output, extra_env=None, log_name="contender.log"):
     argv, env = launch(run_dir, app, input_topic, output)
-    logf = open(run_dir / "contender.log", "w")
+    env = {**env, **(extra_env or {})}
+    logf = open(run_dir / log_name, "w")
     proc = subprocess.Popen(["taskset", "-c", a.contender_cpu] + argv, stdout=logf, stderr=subprocess.STDOUT,
                             env={**os.environ, **env}, start_new_session=True)
     return proc, logf
@@ -472,9 +524,10 @@ def report(a, results, total, gen, latencies, recovery):
         r = recovery
         mb = lambda v: "n/a" if v is None else f"{v / 1e6:,.1f} MB"  # noqa: E731
         lines += ["## State, checkpoints and recovery (S-EO)", "",
-                  f"S-EO on the same input, SIGKILLed once half of it was committed, then restarted "
-                  f"(checkpoint storage on the local file system). Checkpoints are synchronous here: the "
-                  f"pause is the whole checkpoint duration.", ""]
+                  "S-EO on the same input until its checkpoints reached the largest size of the state sweep "
+                  "(or half the input; at most 90% of it), SIGKILLed, then restarted (checkpoint storage on the "
+                  "local file system). Checkpoint sizes and durations are every checkpoint's own, from the "
+                  "contender's log. Checkpoints are synchronous: the pause is the whole checkpoint duration.", ""]
         if "error" in r:
             lines += [f"error: {r['error']}", ""]
         else:
@@ -482,14 +535,27 @@ def report(a, results, total, gen, latencies, recovery):
                       f"| local state at the kill (RocksDB dir) | {mb(r['local_state_bytes_at_kill'])} |",
                       f"| disk bytes per key ({a.keys:,} keys) | {fmt(r['disk_bytes_per_key'], 1)} |",
                       f"| checkpoints before the kill | {fmt(r['checkpoints_before_kill'])} |",
-                      f"| checkpoint duration = pause, p50 / p99 (histogram bucket bound) | "
-                      f"{fmt(r['checkpoint_p50_s'], 3)} s / {fmt(r['checkpoint_p99_s'], 3)} s |",
+                      f"| checkpoint duration = pause, p50 / p99 / max | "
+                      f"{fmt(r['checkpoint_p50_ms'])} / {fmt(r['checkpoint_p99_ms'])} / {fmt(r['checkpoint_max_ms'])} ms |",
                       f"| last checkpoint: total vs incremental bytes | {mb(r['last_checkpoint_bytes'])} vs "
                       f"{mb(r['last_checkpoint_incremental_bytes'])} |",
                       f"| restore (reopen) after SIGKILL | {fmt(r['restore_s'], 2)} s for {mb(r['restore_bytes'])} |",
                       f"| restart to first commit | {fmt(r['first_commit_after_restart_s'], 2)} s |",
                       f"| restart to caught up ({total - r['killed_at_events']:,} events left) | {fmt(r['catch_up_s'], 2)} s |",
                       ""]
+            if r.get("sweep"):
+                lines += ["Checkpoints by state size (those within ±25% of each size):", "",
+                          "| state size | checkpoints | pause p50 / p99 / max (ms) | median total | median incremental |",
+                          "|---|---|---|---|---|"]
+                for w in r["sweep"]:
+                    if w["checkpoints"]:
+                        lines.append(f"| {w['state_mb']:,} MB | {w['checkpoints']} | {fmt(w['p50_ms'])} / "
+                                     f"{fmt(w['p99_ms'])} / {fmt(w['max_ms'])} | {mb(w['median_bytes'])} | "
+                                     f"{mb(w['median_incremental_bytes'])} |")
+                    else:
+                        lines.append(f"| {w['state_mb']:,} MB | 0: not reached with this input (largest "
+                                     f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | |")
+                lines.append("")
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
         {"summary": summary, "runs": results, "latency": latencies, "recovery": recovery, "input": gen}, indent=1))
@@ -549,9 +615,12 @@ def main():
     ap.add_argument("--loads", default="0.5,0.8", help="latency runs at these shares of each max; empty: none")
     ap.add_argument("--latency-secs", type=int, default=30)
     ap.add_argument("--recovery", type=int, default=1, help="1: the S-EO kill/restart run")
+    ap.add_argument("--state-sweep-mb", default="", help="checkpoint figures at these state sizes (MB), e.g. 100,1000; "
+                    "the recovery run's kill waits for the largest")
     ap.add_argument("--report", default=str(HERE.parent / "BENCHMARKS.md"))
     ap.add_argument("--plot", default=str(HERE.parent / "bench" / "benchmarks.png"))
     a = ap.parse_args()
+    a.state_sweep_mb = [int(x) for x in a.state_sweep_mb.split(",") if x]
     table = contenders(a)
     a.contenders = [c for c in a.contenders.split(",") if c]
     missing = [c for c in a.contenders if c not in table]

@@ -11,8 +11,12 @@
 #   BENCH_EVENTS [2000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
 #   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
+#   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes; the recovery
+#                           run's SIGKILL waits for the largest (the input must be big
+#                           enough: S-EO keeps ~55 bytes per event, see bench/README.md)
 #   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
+#   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
 #   BENCH_CARGO_FEATURES [""]  extra features for the build (e.g. streamstate/failpoints, to
 #                               reuse a test build; the crash points stay inert)
 #   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
@@ -100,4 +104,6 @@ log "input: $summary"
     --work "$WORK/runs/$run_id" --generator-summary "$summary" --label "${BENCH_LABEL:-}" \
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
     --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
+    --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" \
+    --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
     "${extra[@]}"
