@@ -15,6 +15,7 @@ streamstate's checkpoint durations from its /metrics; the checker's verdict.
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -179,13 +180,16 @@ def histogram_quantile(samples, name, q):
     return next(le for le, c in buckets if c >= q * total)
 
 
-CHECKPOINT_LINE = re.compile(r"checkpoint completed .*?bytes=(\d+) bytes_written=(\d+) ms=(\d+)")
+CHECKPOINT_LINE = re.compile(r"checkpoint completed .*?bytes=(\d+) bytes_written=(\d+) ms=(\d+)"
+                             r"(?: snapshot_ms=(\d+) upload_ms=(\d+) commit_ms=(\d+))?")
 
 
 def logged_checkpoints(path):
-    """(bytes, bytes_written, ms) of every checkpoint a streamstate log reports (INFO)."""
+    """(bytes, bytes_written, ms, snapshot_ms, upload_ms, commit_ms) of every checkpoint a
+    streamstate log reports (INFO); the phases are None from builds that do not log them."""
     with open(path, errors="replace") as f:
-        return [tuple(int(x) for x in m.groups()) for m in map(CHECKPOINT_LINE.search, f) if m]
+        return [tuple(None if x is None else int(x) for x in m.groups())
+                for m in map(CHECKPOINT_LINE.search, f) if m]
 
 
 def exact_quantile(values, q):
@@ -205,27 +209,33 @@ def state_sweep(checkpoints, sizes_mb):
             row.update({"p50_ms": exact_quantile(ms, 0.5), "p99_ms": exact_quantile(ms, 0.99), "max_ms": max(ms),
                         "median_bytes": statistics.median(c[0] for c in band),
                         "median_incremental_bytes": statistics.median(c[1] for c in band)})
+            for i, phase in ((3, "snapshot"), (4, "upload"), (5, "commit")):
+                row[f"{phase}_p50_ms"] = exact_quantile([c[i] for c in band if c[i] is not None], 0.5)
         out.append(row)
     return out
 
 
-def run_recovery(a, spec, total):
-    """S-EO on the main input until its checkpoints reach the largest size of the state
-    sweep (or half the input without a sweep; at most 90% of it, so there is something
-    to catch up), SIGKILL, restart, and time the reopen (restore) and the catch-up. Every
-    checkpoint's size and duration come from the contender's INFO log."""
+def run_recovery(a, spec):
+    """S-EO on the sweep input (the main one without it) until its checkpoints reach the
+    largest size of the state sweep (or half the input without a sweep; at most 90% of
+    it, so there is something to catch up), SIGKILL, restart, and time the reopen
+    (restore) and the catch-up. Every checkpoint's size and duration come from the
+    contender's INFO log."""
     _, _, launch = spec
+    input_topic = a.sweep_input or a.input
+    keys = a.sweep_keys or a.keys
+    total = input_end(a.bootstrap, input_topic, a.partitions)
     tag = f"recovery-{uuid.uuid4().hex[:6]}"
     app, output = f"bench-{tag}", f"bench-{tag}-out"
     run_dir = Path(a.work) / tag
     run_dir.mkdir(parents=True)
     ensure_topic(a.bootstrap, output, a.partitions)
     ensure_topic(a.bootstrap, output + "-dlq", 1)
-    progress = Progress(a.bootstrap, app, a.input, a.partitions)
+    progress = Progress(a.bootstrap, app, input_topic, a.partitions)
     result = {}
     info = {"RUST_LOG": "warn,streamstate::job=info"}
     kill_bytes = max(a.state_sweep_mb) * 1e6 if a.state_sweep_mb else None
-    proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output, info, "contender-before-kill.log")
+    proc, logf = start(a, "S-EO", launch, run_dir, app, input_topic, output, info, "contender-before-kill.log")
     try:
         deadline = time.monotonic() + a.timeout
         while True:
@@ -248,15 +258,19 @@ def run_recovery(a, spec, total):
         state_bytes = sum(f.stat().st_size for f in (run_dir / "state").rglob("*") if f.is_file())
         checkpoints = logged_checkpoints(run_dir / "contender-before-kill.log")
         restarted = time.monotonic()
-        proc, logf = start(a, "S-EO", launch, run_dir, app, a.input, output, info, "contender-after-kill.log")
+        proc, logf = start(a, "S-EO", launch, run_dir, app, input_topic, output, info, "contender-after-kill.log")
         wait_committed(a, proc, progress, killed_at + 1, "S-EO first commit after restart")
         first_commit = time.monotonic() - restarted
         wait_committed(a, proc, progress, total, "S-EO catch-up")
         caught_up = time.monotonic() - restarted
         after = scrape(a.admin_port)
-        keys = a.keys
         ms = [c[2] for c in checkpoints]
+        # Distinct keys among the events processed (uniform keys; Zipf: unknown).
+        uniform = a.sweep_input is not None or a.dist == "uniform"  # run.sh's sweep input is uniform
+        seen = keys * (1 - math.exp(-killed_at / keys)) if uniform else None
+        entries = before.get("streamstate_state_keys")
         result = {
+            "input": input_topic, "input_events": total, "keys": keys,
             "killed_at_events": killed_at,
             "local_state_bytes_at_kill": state_bytes,
             "restore_s": after.get("streamstate_restore_duration_seconds_sum"),
@@ -270,7 +284,11 @@ def run_recovery(a, spec, total):
             "last_checkpoint_bytes": before.get("streamstate_last_checkpoint_size_bytes"),
             "last_checkpoint_incremental_bytes": before.get("streamstate_last_checkpoint_incremental_size_bytes"),
             "state_size_bytes_metric": before.get("streamstate_state_size_bytes"),
-            "disk_bytes_per_key": state_bytes / keys if keys else None,
+            "keys_seen": seen,
+            "disk_bytes_per_key": state_bytes / seen if seen else None,
+            "state_entries": entries,
+            "disk_bytes_per_entry": state_bytes / entries if entries else None,
+            "disk_bytes_per_event": state_bytes / killed_at if killed_at else None,
             "sweep": state_sweep(checkpoints, a.state_sweep_mb),
         }
     except (RuntimeError, TimeoutError) as e:
@@ -523,8 +541,10 @@ def report(a, results, total, gen, latencies, recovery):
     if recovery:
         r = recovery
         mb = lambda v: "n/a" if v is None else f"{v / 1e6:,.1f} MB"  # noqa: E731
+        where = ("the main input" if r.get("input", a.input) == a.input else
+                 f"its own input ({r.get('input_events', 0):,} events, {r.get('keys', 0):,} keys, uniform)")
         lines += ["## State, checkpoints and recovery (S-EO)", "",
-                  "S-EO on the same input until its checkpoints reached the largest size of the state sweep "
+                  f"S-EO on {where} until its checkpoints reached the largest size of the state sweep "
                   "(or half the input; at most 90% of it), SIGKILLed, then restarted (checkpoint storage on the "
                   "local file system). Checkpoint sizes and durations are every checkpoint's own, from the "
                   "contender's log. Checkpoints are synchronous: the pause is the whole checkpoint duration.", ""]
@@ -533,7 +553,11 @@ def report(a, results, total, gen, latencies, recovery):
         else:
             lines += ["| figure | value |", "|---|---|",
                       f"| local state at the kill (RocksDB dir) | {mb(r['local_state_bytes_at_kill'])} |",
-                      f"| disk bytes per key ({a.keys:,} keys) | {fmt(r['disk_bytes_per_key'], 1)} |",
+                      f"| events processed at the kill | {fmt(r['killed_at_events'])} |",
+                      f"| disk bytes per key seen ({fmt(r.get('keys_seen'))} of {r.get('keys', a.keys):,} keys; "
+                      f"uniform estimate) | {fmt(r.get('disk_bytes_per_key'), 1)} |",
+                      f"| disk bytes per state entry ({fmt(r.get('state_entries'))}, RocksDB's estimate) / per event | "
+                      f"{fmt(r.get('disk_bytes_per_entry'), 1)} / {fmt(r.get('disk_bytes_per_event'), 1)} |",
                       f"| checkpoints before the kill | {fmt(r['checkpoints_before_kill'])} |",
                       f"| checkpoint duration = pause, p50 / p99 / max | "
                       f"{fmt(r['checkpoint_p50_ms'])} / {fmt(r['checkpoint_p99_ms'])} / {fmt(r['checkpoint_max_ms'])} ms |",
@@ -541,20 +565,23 @@ def report(a, results, total, gen, latencies, recovery):
                       f"{mb(r['last_checkpoint_incremental_bytes'])} |",
                       f"| restore (reopen) after SIGKILL | {fmt(r['restore_s'], 2)} s for {mb(r['restore_bytes'])} |",
                       f"| restart to first commit | {fmt(r['first_commit_after_restart_s'], 2)} s |",
-                      f"| restart to caught up ({total - r['killed_at_events']:,} events left) | {fmt(r['catch_up_s'], 2)} s |",
+                      f"| restart to caught up ({r.get('input_events', total) - r['killed_at_events']:,} events left) | "
+                      f"{fmt(r['catch_up_s'], 2)} s |",
                       ""]
             if r.get("sweep"):
                 lines += ["Checkpoints by state size (those within ±25% of each size):", "",
-                          "| state size | checkpoints | pause p50 / p99 / max (ms) | median total | median incremental |",
-                          "|---|---|---|---|---|"]
+                          "| state size | checkpoints | pause p50 / p99 / max (ms) | p50 snapshot / upload / commit (ms) "
+                          "| median total | median incremental |",
+                          "|---|---|---|---|---|---|"]
                 for w in r["sweep"]:
                     if w["checkpoints"]:
                         lines.append(f"| {w['state_mb']:,} MB | {w['checkpoints']} | {fmt(w['p50_ms'])} / "
-                                     f"{fmt(w['p99_ms'])} / {fmt(w['max_ms'])} | {mb(w['median_bytes'])} | "
+                                     f"{fmt(w['p99_ms'])} / {fmt(w['max_ms'])} | {fmt(w['snapshot_p50_ms'])} / "
+                                     f"{fmt(w['upload_p50_ms'])} / {fmt(w['commit_p50_ms'])} | {mb(w['median_bytes'])} | "
                                      f"{mb(w['median_incremental_bytes'])} |")
                     else:
                         lines.append(f"| {w['state_mb']:,} MB | 0: not reached with this input (largest "
-                                     f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | |")
+                                     f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | | |")
                 lines.append("")
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
@@ -615,6 +642,9 @@ def main():
     ap.add_argument("--loads", default="0.5,0.8", help="latency runs at these shares of each max; empty: none")
     ap.add_argument("--latency-secs", type=int, default=30)
     ap.add_argument("--recovery", type=int, default=1, help="1: the S-EO kill/restart run")
+    ap.add_argument("--sweep-input", default=None, help="input topic of the state sweep and recovery run "
+                    "(default: the main input)")
+    ap.add_argument("--sweep-keys", type=int, default=None, help="key cardinality of --sweep-input")
     ap.add_argument("--state-sweep-mb", default="", help="checkpoint figures at these state sizes (MB), e.g. 100,1000; "
                     "the recovery run's kill waits for the largest")
     ap.add_argument("--report", default=str(HERE.parent / "BENCHMARKS.md"))
@@ -639,7 +669,7 @@ def main():
             eps = median_spread([r.get("events_per_s") for r in results if r["contender"] == name])[0]
             if eps:
                 latencies.append(run_latency(a, name, table[name], load, eps))
-    recovery = run_recovery(a, table["S-EO"], total) if a.recovery and "S-EO" in a.contenders else None
+    recovery = run_recovery(a, table["S-EO"]) if a.recovery and "S-EO" in a.contenders else None
     report(a, results, total, gen, latencies, recovery)
     sys.exit(0 if all(r["ok"] for r in results) and not any("error" in l for l in latencies)
              and not (recovery or {}).get("error") else 1)

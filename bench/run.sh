@@ -11,9 +11,12 @@
 #   BENCH_EVENTS [2000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
 #   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
-#   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes; the recovery
-#                           run's SIGKILL waits for the largest (the input must be big
-#                           enough: S-EO keeps ~55 bytes per event, see bench/README.md)
+#   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes, from the
+#                           recovery run, whose SIGKILL waits for the largest; it reads its
+#                           own input, BENCH_SWEEP_EVENTS [20000000] over BENCH_SWEEP_KEYS
+#                           [100000000] keys (almost every event a new key: S-EO then keeps
+#                           ~60 bytes per event, so 1 GB at ~17M events). Empty: the recovery
+#                           run reads the main input and is killed at half of it
 #   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
@@ -97,6 +100,15 @@ summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$
     --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
     --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
 log "input: $summary"
+sweep=()
+if [[ -n "${BENCH_STATE_SWEEP_MB-100,1000}" && ",$CONTENDERS," == *",S-EO,"* ]]; then
+    SWEEP_TOPIC="bench-sweep-$run_id"
+    log "generating ${BENCH_SWEEP_EVENTS:-20000000} events over ${BENCH_SWEEP_KEYS:-100000000} keys into $SWEEP_TOPIC (state sweep)"
+    "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$SWEEP_TOPIC" --partitions 4 \
+        --events "${BENCH_SWEEP_EVENTS:-20000000}" --keys "${BENCH_SWEEP_KEYS:-100000000}" --dist uniform \
+        --seed "$SEED" | tail -n1 >&2
+    sweep=(--sweep-input "$SWEEP_TOPIC" --sweep-keys "${BENCH_SWEEP_KEYS:-100000000}")
+fi
 
 "$VENV/bin/python" "$ROOT/bench/bench.py" --bootstrap "$BOOTSTRAP" --input "$INPUT" \
     --rules-topic "$RULES_TOPIC" --streamstate "$TARGET/release/streamstate" \
@@ -106,4 +118,4 @@ log "input: $summary"
     --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
     --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
-    "${extra[@]}"
+    "${extra[@]}" "${sweep[@]}"

@@ -436,6 +436,7 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         ("streamstate_consumer_lag_records", "gauge"),
         ("streamstate_watermark_lag_seconds", "gauge"),
         ("streamstate_checkpoint_duration_seconds", "histogram"),
+        ("streamstate_checkpoint_phase_duration_seconds", "histogram"),
         ("streamstate_last_checkpoint_size_bytes", "gauge"),
         (
             "streamstate_last_checkpoint_incremental_size_bytes",
@@ -510,7 +511,20 @@ fn metrics_have_names_types_and_counts_that_match_the_input() {
         rejected.len()
     );
     assert!(text.contains(&rejected_line), "{rejected_line} in:\n{text}");
-    assert!(metric_sum(&text, "streamstate_checkpoints_completed_total") >= 1.0);
+    let completed = metric_sum(&text, "streamstate_checkpoints_completed_total");
+    assert!(completed >= 1.0);
+    // Every committed checkpoint times its three phases (a scrape may fall between the
+    // phases' observation and the completed counter).
+    for phase in ["snapshot", "upload", "commit"] {
+        let count = metric_sum(
+            &text,
+            &format!("streamstate_checkpoint_phase_duration_seconds_count{{phase=\"{phase}\"}}"),
+        );
+        assert!(
+            count == completed || count == completed + 1.0,
+            "phase {phase}: {count} observations, {completed} checkpoints"
+        );
+    }
     assert!(text.contains("streamstate_transactions_total{outcome=\"committed\"}"));
     assert!(metric_sum(&text, "streamstate_last_checkpoint_size_bytes") > 0.0);
     assert!(metric_sum(&text, "streamstate_state_keys") > 0.0);

@@ -807,7 +807,7 @@ impl Job {
         let result = self.take_checkpoint();
         let end_ms = unix_ms();
         let record = match &result {
-            Ok((manifest, written)) => {
+            Ok((manifest, written, _)) => {
                 CheckpointRecord::completed(trigger, start_ms, end_ms, manifest, Some(*written))
             }
             Err(e) => {
@@ -823,23 +823,28 @@ impl Job {
                 )
             }
         };
-        if record.error.is_none() {
+        if let Ok((_, _, phases)) = &result {
             info!(
                 checkpoint = %record.name,
                 ?trigger,
                 bytes = record.size_bytes,
                 bytes_written = record.incremental_size_bytes,
                 ms = record.duration_ms,
+                snapshot_ms = phases.snapshot.as_millis() as u64,
+                upload_ms = phases.upload.as_millis() as u64,
+                commit_ms = phases.commit.as_millis() as u64,
                 "checkpoint completed"
             );
         }
         self.control.history.record_checkpoint(record);
-        result.map(|(manifest, _)| manifest)
+        result.map(|(manifest, _, _)| manifest)
     }
 
     /// Steps 2–4 of the protocol: durable snapshot, offsets into the transaction, commit,
     /// then mark complete and prune.
-    fn take_checkpoint(&mut self) -> Result<(Manifest, crate::checkpoint::WriteStats), JobError> {
+    fn take_checkpoint(
+        &mut self,
+    ) -> Result<(Manifest, crate::checkpoint::WriteStats, Phases), JobError> {
         crash_point!("before-snapshot");
         let started = Instant::now();
         let checkpoint = CheckpointRef::new(self.next_checkpoint_id, &self.run);
@@ -851,6 +856,7 @@ impl Job {
             .join(format!("staging-{}", p.config.job.instance));
         remove_dir(&staging)?;
         let state = p.state.snapshot(checkpoint.id, &staging)?;
+        let snapshotted = Instant::now();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             checkpoint: checkpoint.clone(),
@@ -865,6 +871,7 @@ impl Job {
         };
         let written = self.storage.write(&manifest, &staging)?;
         remove_dir(&staging)?;
+        let uploaded = Instant::now();
         crash_point!("after-snapshot");
         let group = self
             .source
@@ -881,6 +888,21 @@ impl Job {
             .transactions
             .with_label_values(&["committed"])
             .inc();
+        let phases = Phases {
+            snapshot: snapshotted - started,
+            upload: uploaded - snapshotted,
+            commit: uploaded.elapsed(),
+        };
+        for (phase, took) in [
+            ("snapshot", phases.snapshot),
+            ("upload", phases.upload),
+            ("commit", phases.commit),
+        ] {
+            p.metrics
+                .checkpoint_phase_duration
+                .with_label_values(&[phase])
+                .observe(took.as_secs_f64());
+        }
         self.last_committed = Some(checkpoint.clone());
         crash_point!("after-commit");
         // After the commit the checkpoint is the state whatever happens here; a full disk
@@ -915,8 +937,16 @@ impl Job {
                 .with_label_values(&[t, &part.to_string()])
                 .set(*o);
         }
-        Ok((manifest, written))
+        Ok((manifest, written, phases))
     }
+}
+
+/// Where one checkpoint's time went (the processing pause, since checkpoints are taken
+/// on the job thread): local snapshot, upload to checkpoint storage, Kafka commit.
+struct Phases {
+    snapshot: Duration,
+    upload: Duration,
+    commit: Duration,
 }
 
 impl Pipeline {

@@ -18,6 +18,10 @@ pub struct Metrics {
     pub records_dead_lettered: IntCounterVec,
     pub checkpoints_completed: IntCounter,
     pub checkpoint_duration: Histogram,
+    /// Where a checkpoint's time goes: `snapshot` (memtable flush and hard links, the
+    /// part that grows with the write rate), `upload` (new files into checkpoint
+    /// storage, synced), `commit` (offsets into the transaction and its commit).
+    pub checkpoint_phase_duration: prometheus::HistogramVec,
     pub last_checkpoint_bytes: IntGauge,
     pub last_checkpoint_completed_timestamp: IntGauge,
     pub transactions: IntCounterVec,
@@ -90,6 +94,14 @@ impl Metrics {
                     "Snapshot to commit, per checkpoint.",
                 )
                 .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
+            )?,
+            checkpoint_phase_duration: prometheus::HistogramVec::new(
+                HistogramOpts::new(
+                    "streamstate_checkpoint_phase_duration_seconds",
+                    "Time of each checkpoint phase: snapshot, upload, commit.",
+                )
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
+                &["phase"],
             )?,
             last_checkpoint_bytes: IntGauge::new(
                 "streamstate_last_checkpoint_size_bytes",
@@ -223,6 +235,8 @@ impl Metrics {
             .register(Box::new(m.checkpoints_completed.clone()))?;
         m.registry
             .register(Box::new(m.checkpoint_duration.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoint_phase_duration.clone()))?;
         m.registry
             .register(Box::new(m.last_checkpoint_bytes.clone()))?;
         m.registry
