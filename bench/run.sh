@@ -15,8 +15,10 @@
 #                           recovery run, whose SIGKILL waits for the largest; it reads its
 #                           own input, BENCH_SWEEP_EVENTS [20000000] over BENCH_SWEEP_KEYS
 #                           [100000000] keys (almost every event a new key: S-EO then keeps
-#                           ~60 bytes per event, so 1 GB at ~17M events). Empty: the recovery
-#                           run reads the main input and is killed at half of it
+#                           ~64 bytes per event on disk; the dedup TTL levels checkpoints off
+#                           near 0.93 GB after ~10 min, and at most 90% of the input is read
+#                           before the kill). Empty: the recovery run reads the main input
+#                           and is killed at half of it
 #   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
