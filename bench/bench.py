@@ -236,20 +236,14 @@ def run_recovery(a, spec):
     info = {"RUST_LOG": "warn,streamstate::job=info"}
     kill_bytes = max(a.state_sweep_mb) * 1e6 if a.state_sweep_mb else None
     proc, logf = start(a, "S-EO", launch, run_dir, app, input_topic, output, info, "contender-before-kill.log")
+    def kill_due():
+        done = progress.committed()
+        if kill_bytes is None:
+            return done >= total // 2
+        return done >= 0.9 * total or scrape(a.admin_port).get("streamstate_last_checkpoint_size_bytes", 0) >= kill_bytes
+
     try:
-        deadline = time.monotonic() + a.timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"S-EO before the kill: contender exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"S-EO before the kill: not done within {a.timeout}s")
-            done = progress.committed()
-            if kill_bytes is None and done >= total // 2:
-                break
-            if done >= 0.9 * total or (kill_bytes is not None and
-                                       scrape(a.admin_port).get("streamstate_last_checkpoint_size_bytes", 0) >= kill_bytes):
-                break
-            time.sleep(0.2)
+        wait_for(a, proc, "S-EO before the kill", kill_due)
         before = scrape(a.admin_port)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -399,16 +393,21 @@ def drop_state(run_dir):
         shutil.rmtree(run_dir / d, ignore_errors=True)
 
 
-def wait_committed(a, proc, progress, target, what):
+def wait_for(a, proc, what, ready):
+    """Polls `ready()` until it holds; fails when the contender exits or `a.timeout` passes."""
     deadline = time.monotonic() + a.timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"{what}: contender exited with {proc.returncode}")
-        if progress.committed() >= target:
+        if ready():
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not done within {a.timeout}s")
         time.sleep(0.1)
+
+
+def wait_committed(a, proc, progress, target, what):
+    wait_for(a, proc, what, lambda: progress.committed() >= target)
 
 
 def run_latency(a, name, spec, load, max_eps):
