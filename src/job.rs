@@ -154,9 +154,6 @@ pub struct Job {
     /// Set while local state or checkpoint storage is full: not ready until a checkpoint
     /// commits again.
     disk_full: bool,
-    /// Set after the broker was lost mid-transaction and the producer was replaced: not
-    /// ready until a checkpoint commits again.
-    reconnected: bool,
 }
 
 /// Everything downstream of the consumer; split from [`Job`] so a message borrowed from
@@ -454,7 +451,6 @@ impl Job {
             stopping: None,
             restored_from_savepoint,
             disk_full: false,
-            reconnected: false,
             control,
         })
     }
@@ -503,11 +499,6 @@ impl Job {
                         self.disk_full = false;
                         self.control.ready.store(true, Ordering::SeqCst);
                         info!("disk space is back and a checkpoint committed: ready again");
-                    }
-                    Ok(()) if self.reconnected => {
-                        self.reconnected = false;
-                        self.control.ready.store(true, Ordering::SeqCst);
-                        info!("broker back and a checkpoint committed: ready again");
                     }
                     Ok(()) => {}
                 }
@@ -608,6 +599,11 @@ impl Job {
 
     /// Runs `step`; if the transaction must be aborted, aborts it and rewinds state and
     /// offsets to the last committed checkpoint, so the epoch is redone from scratch.
+    ///
+    /// Every other error ends the run, a timed-out transactional call too: its outcome is
+    /// unknown here, and the restart settles it the one way that is tested end to end
+    /// (`init_transactions` fences this producer and the coordinator finishes or aborts
+    /// the transaction; the group's committed offsets then name the checkpoint to restore).
     fn recover_abortable(
         &mut self,
         step: impl FnOnce(&mut Self) -> Result<(), JobError>,
@@ -615,114 +611,19 @@ impl Job {
         match step(self) {
             Err(JobError::Sink(SinkError::Abortable(e))) => {
                 warn!(error = %e, "aborting the epoch's transaction and rewinding to the last checkpoint");
-                match self.pipeline.sink.abort() {
-                    Err(SinkError::TimedOut { .. }) => {
-                        return self.reconnect(JobError::Sink(SinkError::Abortable(e)));
-                    }
-                    other => other?,
-                }
+                self.pipeline.sink.abort()?;
                 self.pipeline
                     .metrics
                     .transactions
                     .with_label_values(&["aborted"])
                     .inc();
+                // The aborted attempt may have published its checkpoint already; a name is
+                // published once, so the redone epoch takes the next one.
+                self.next_checkpoint_id += 1;
                 self.rewind()
             }
-            Err(e @ JobError::Sink(SinkError::TimedOut { .. })) => self.reconnect(e),
             other => other,
         }
-    }
-
-    /// The broker stayed out of reach for longer than `checkpoint.timeout` inside a
-    /// transactional call, so whether the epoch's transaction committed is unknown here.
-    /// A new producer with the same transactional id settles it: its `init_transactions`
-    /// fences the old one, and the coordinator finishes a commit it had accepted or aborts
-    /// the rest. A new consumer replaces the old one too, whose requests to a restarted
-    /// broker were seen timing out for minutes. The group's committed offsets then say
-    /// which checkpoint is true, exactly as at a start, and the job rewinds to it. Exiting instead would leave the same
-    /// decision to a restart; doing it here keeps the process (and its admin API) up and
-    /// not ready meanwhile, retrying with backoff until the broker answers.
-    fn reconnect(&mut self, cause: JobError) -> Result<(), JobError> {
-        self.control.ready.store(false, Ordering::SeqCst);
-        self.reconnected = true;
-        error!(error = %cause, "broker lost mid-transaction: replacing the producer and the consumer; not ready until a checkpoint commits");
-        let attempted = CheckpointRef::new(self.next_checkpoint_id, &self.run);
-        // Only a commit call that gave up leaves the outcome open; any earlier step means
-        // the transaction never asked to commit, so the last committed checkpoint holds.
-        let uncertain = matches!(
-            cause,
-            JobError::Sink(SinkError::TimedOut {
-                what: "commit_transaction",
-                ..
-            })
-        );
-        let parts: Vec<_> = self.pipeline.offsets.keys().cloned().collect();
-        let mut backoff = Duration::from_millis(500);
-        // One new producer whose fencing call is resumed until it succeeds: a fresh
-        // producer per attempt restarted the coordinator's fencing each time and, in the
-        // test, never got through.
-        let mut fresh = Some(Sink::unfenced(
-            &self.pipeline.config,
-            self.control.transactions.clone(),
-        )?);
-        let (source, committed) = loop {
-            let attempt = match fresh.as_ref().map(|s| s.fence(&self.pipeline.config)) {
-                Some(Err(e)) => Err(JobError::from(e)),
-                Some(Ok(())) | None => {
-                    if let Some(sink) = fresh.take() {
-                        self.pipeline.sink = sink;
-                    }
-                    // A fresh consumer too: the old one's requests to the restarted broker
-                    // (metadata, committed offsets) were seen timing out for minutes.
-                    Source::new(&self.pipeline.config)
-                        .and_then(|source| {
-                            let committed = if uncertain {
-                                source.committed(&parts)?
-                            } else {
-                                None
-                            };
-                            Ok((source, committed))
-                        })
-                        .map_err(JobError::from)
-                }
-            };
-            match attempt {
-                Ok(found) => break found,
-                Err(JobError::Sink(SinkError::Fenced(id))) => {
-                    return Err(JobError::Sink(SinkError::Fenced(id)));
-                }
-                Err(e) => warn!(error = %e, retry_in = ?backoff, "broker still out of reach"),
-            }
-            let until = Instant::now() + backoff;
-            while Instant::now() < until {
-                self.control.alive.store(true, Ordering::Relaxed);
-                self.control
-                    .heartbeat_ms
-                    .store(unix_ms(), Ordering::Relaxed);
-                if self.control.shutdown.load(Ordering::SeqCst) {
-                    return Err(cause);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        };
-        self.source = source;
-        if committed.as_ref().map(|c| &c.checkpoint) != Some(&attempted) {
-            self.pipeline
-                .metrics
-                .transactions
-                .with_label_values(&["aborted"])
-                .inc();
-        } else {
-            info!(checkpoint = %attempted, "the interrupted commit had gone through");
-            self.last_committed = Some(attempted.clone());
-            if let Err(e) = self.storage.mark_complete(&attempted) {
-                warn!(checkpoint = %attempted, error = %e, "committed checkpoint not marked complete yet (restore marks it)");
-            }
-        }
-        // Either way this name is used up: the next attempt takes a new one.
-        self.next_checkpoint_id = attempted.id + 1;
-        self.rewind()
     }
 
     /// Local state or checkpoint storage ran out of space before the epoch committed: the

@@ -96,19 +96,32 @@ pub fn serve(
     })
 }
 
-/// Warns (once per transaction) when the open transaction nears `transaction.timeout.ms`.
+/// Warns (once per transaction) when the open transaction nears `transaction.timeout.ms`,
+/// and ends the process when librdkafka holds a transactional call far past its bound.
 /// Runs on the admin runtime, not the job loop, because a stuck loop is what makes a
 /// transaction hang.
 async fn watch_transactions(control: Arc<Control>, metrics: Metrics) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+    let mut tick = tokio::time::interval(TICK);
+    // After a pause (SIGSTOP) the missed ticks are not made up: they would count the
+    // pause as time the call was held.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         if let Some(warning) = control.transactions.check_near_timeout() {
             warning.log();
             metrics.transactions_near_timeout.inc();
         }
+        if let Some(stuck) = control.transactions.check_stuck(TICK) {
+            stuck.log();
+            std::process::exit(STUCK_EXIT_CODE);
+        }
     }
 }
+
+/// The exit status after a transactional call that librdkafka would not return from: the
+/// same as a run that ended with an error.
+const STUCK_EXIT_CODE: i32 = 1;
 
 async fn shutdown_on_signal(control: Arc<Control>) {
     use tokio::signal::unix::{SignalKind, signal};

@@ -35,11 +35,17 @@ pub enum SinkError {
     Abortable(KafkaError),
     #[error("this instance was fenced by a newer one with transactional.id `{0}`: exiting")]
     Fenced(String),
-    #[error("kafka producer: {what} did not succeed within {timeout:?}: {last}")]
+    #[error(
+        "kafka producer: {what} did not succeed within {timeout:?} ({setting}): {last}; \
+         exiting so that the restart resumes from the last committed checkpoint"
+    )]
     TimedOut {
         what: &'static str,
+        /// The setting that bounded the call.
+        setting: &'static str,
         timeout: Duration,
-        last: KafkaError,
+        /// Boxed: the error travels up every `Result` of the job loop.
+        last: Box<KafkaError>,
     },
     #[error(
         "{0} output records could not be delivered (at least once): exiting so the restart replays them"
@@ -78,7 +84,7 @@ impl Sink {
     }
 
     /// The producer, not yet registered with the transaction coordinator (no broker call).
-    pub fn unfenced(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
+    fn unfenced(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         for (k, v) in config
             .kafka
@@ -118,11 +124,17 @@ impl Sink {
     }
 
     /// `init_transactions`: fences older producers with our transactional id, and makes the
-    /// coordinator finish or abort their open transaction. A call that timed out is resumed
-    /// by calling this again on the same producer; a new producer would start over.
-    pub fn fence(&self, config: &Config) -> Result<(), SinkError> {
+    /// coordinator finish or abort their open transaction. Part of start-up, so it waits
+    /// for the broker as long as start-up does (`kafka.connect_timeout`, at least
+    /// `checkpoint.timeout`): a broker that was just restarted loads its coordinator first.
+    fn fence(&self, config: &Config) -> Result<(), SinkError> {
         if self.at_least_once.is_none() {
-            self.retrying("init_transactions", |p, t| p.init_transactions(t))?;
+            let bound = if config.kafka.connect_timeout >= self.timeout {
+                ("kafka.connect_timeout", config.kafka.connect_timeout)
+            } else {
+                ("checkpoint.timeout", self.timeout)
+            };
+            self.retrying("init_transactions", bound, |p, t| p.init_transactions(t))?;
             self.tracker
                 .initialized(&self.transactional_id, config.kafka.transaction_timeout);
         }
@@ -205,7 +217,7 @@ impl Sink {
             *alo.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(offsets.clone());
             return Ok(());
         }
-        self.retrying("send_offsets_to_transaction", |p, t| {
+        self.retrying("send_offsets_to_transaction", self.bound(), |p, t| {
             p.send_offsets_to_transaction(offsets, group, t)
         })
     }
@@ -215,7 +227,9 @@ impl Sink {
     pub fn commit(&self) -> Result<(), SinkError> {
         match &self.at_least_once {
             None => {
-                self.retrying("commit_transaction", |p, t| p.commit_transaction(t))?;
+                self.retrying("commit_transaction", self.bound(), |p, t| {
+                    p.commit_transaction(t)
+                })?;
                 self.tracker.committed();
                 Ok(())
             }
@@ -230,8 +244,9 @@ impl Sink {
             .flush(self.timeout)
             .map_err(|last| SinkError::TimedOut {
                 what: "flush",
+                setting: "checkpoint.timeout",
                 timeout: self.timeout,
-                last,
+                last: Box::new(last),
             })?;
         let failed = self.producer.context().delivery_failures();
         if failed > 0 {
@@ -264,19 +279,35 @@ impl Sink {
         if self.at_least_once.is_some() {
             return Ok(());
         }
-        self.retrying("abort_transaction", |p, t| p.abort_transaction(t))?;
+        self.retrying("abort_transaction", self.bound(), |p, t| {
+            p.abort_transaction(t)
+        })?;
         self.tracker.aborted();
         Ok(())
     }
 
     /// Calls `op` again while librdkafka says the error is retriable (e.g. the broker is
-    /// restarting), within `timeout` overall.
+    /// restarting), within `timeout` overall (`setting` names where it came from).
     fn retrying(
         &self,
         what: &'static str,
+        (setting, timeout): (&'static str, Duration),
         op: impl Fn(&ThreadedProducer<LogContext>, Duration) -> Result<(), KafkaError>,
     ) -> Result<(), SinkError> {
-        let deadline = Instant::now() + self.timeout;
+        // The watcher ends the process if librdkafka holds the call far past `timeout`.
+        self.tracker.call_started(what, setting, timeout);
+        let result = self.retry_within(what, (setting, timeout), op);
+        self.tracker.call_ended();
+        result
+    }
+
+    fn retry_within(
+        &self,
+        what: &'static str,
+        (setting, timeout): (&'static str, Duration),
+        op: impl Fn(&ThreadedProducer<LogContext>, Duration) -> Result<(), KafkaError>,
+    ) -> Result<(), SinkError> {
+        let deadline = Instant::now() + timeout;
         // At least one retry even past the deadline: a process paused during the call
         // (a zombie) must hear from the broker, e.g. that it was fenced, before it gives up.
         let mut attempts = 0u32;
@@ -287,10 +318,11 @@ impl Sink {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::Transaction(e)) if e.is_retriable() && !e.is_fatal() => {
                     if attempts > 1 && Instant::now() >= deadline {
-                        let last = KafkaError::Transaction(e);
+                        let last = Box::new(KafkaError::Transaction(e));
                         return Err(SinkError::TimedOut {
                             what,
-                            timeout: self.timeout,
+                            setting,
+                            timeout,
                             last,
                         });
                     }
@@ -299,6 +331,11 @@ impl Sink {
                 Err(e) => return Err(self.classify(e)),
             }
         }
+    }
+
+    /// What bounds a checkpoint's transactional calls.
+    fn bound(&self) -> (&'static str, Duration) {
+        ("checkpoint.timeout", self.timeout)
     }
 
     fn classify(&self, e: KafkaError) -> SinkError {

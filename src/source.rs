@@ -202,8 +202,7 @@ impl Source {
     ) -> Result<Offsets, SourceError> {
         let mut out = Offsets::new();
         for (t, p) in parts {
-            let (low, high) =
-                self.retrying(|remaining| self.consumer.fetch_watermarks(t, *p, remaining))?;
+            let (low, high) = self.watermarks(t, *p)?;
             out.insert(
                 (t.clone(), *p),
                 if start == StartOffsets::Earliest {
@@ -224,8 +223,7 @@ impl Source {
     ) -> Result<Offsets, SourceError> {
         let mut out = Offsets::new();
         for (t, p) in parts {
-            let (_, high) =
-                self.retrying(|remaining| self.consumer.fetch_watermarks(t, *p, remaining))?;
+            let (_, high) = self.watermarks(t, *p)?;
             out.insert((t.clone(), *p), high);
         }
         Ok(out)
@@ -256,6 +254,22 @@ impl Source {
         }
         self.consumer.assign(&tpl)?;
         Ok(())
+    }
+
+    /// Low and high watermark of one partition. librdkafka answers "unknown partition"
+    /// from its metadata cache while that lacks the partition (seen for seconds after a
+    /// broker restart), so such an answer refreshes the topic's metadata before the retry.
+    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        self.retrying(|remaining| {
+            let got = self.consumer.fetch_watermarks(topic, partition, remaining);
+            if let Err(e) = &got
+                && e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownPartition)
+            {
+                // Only to refresh the cache; the retry reports what is still wrong.
+                let _ = self.consumer.fetch_metadata(Some(topic), remaining);
+            }
+            got
+        })
     }
 
     fn retrying<T>(
@@ -322,6 +336,9 @@ fn is_transient(code: RDKafkaErrorCode) -> bool {
             | UnknownLeaderEpoch
             | OffsetNotAvailable
             | PreferredLeaderNotAvailable
+            // librdkafka's own "unknown partition": its metadata cache does not list the
+            // partition yet, as seen right after a broker restart.
+            | UnknownPartition
     )
 }
 
@@ -360,6 +377,20 @@ mod tests {
             }
         });
         assert_eq!(got.ok(), Some(3));
+    }
+
+    #[test]
+    fn a_partition_missing_from_a_restarted_brokers_metadata_is_waited_out() {
+        let mut calls = 0;
+        let got = retry_transient(Duration::from_secs(10), |_| {
+            calls += 1;
+            if calls < 2 {
+                Err(error(RDKafkaErrorCode::UnknownPartition))
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(got.ok(), Some(2));
     }
 
     #[test]

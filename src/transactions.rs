@@ -9,6 +9,12 @@
 //! The broker aborts a transaction that stays open longer than `transaction.timeout.ms`;
 //! this instance then learns it at commit time and rewinds (or, if a newer producer took
 //! the id, exits). The warning at [`WARN_FRACTION`] of the timeout says that is coming.
+//!
+//! The sink also reports each transactional call while librdkafka holds it. A call that
+//! outlives its bound by [`STUCK_GRACE`] is stuck: librdkafka was seen holding
+//! `send_offsets_to_transaction` for minutes, whatever its timeout, while the broker was
+//! away. Only the process can end such a call, so the watcher ends the process (a crash at
+//! that point, which the commit protocol makes safe) and the restart settles the transaction.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +26,9 @@ use crate::checkpoint::CheckpointRef;
 /// The warning fires once per transaction when its age passes this share of
 /// `transaction.timeout.ms`.
 pub const WARN_FRACTION: f64 = 0.8;
+
+/// Time a transactional call gets past its bound before the process ends itself.
+pub const STUCK_GRACE: Duration = Duration::from_secs(10);
 
 /// What `GET /transactions` answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -65,6 +74,44 @@ struct Inner {
     aborted: u64,
     /// The open transaction was already warned about.
     warned: bool,
+    /// The transactional call librdkafka holds now.
+    call: Option<Call>,
+}
+
+#[derive(Debug)]
+struct Call {
+    what: &'static str,
+    setting: &'static str,
+    bound: Duration,
+    /// Time the watcher has seen the call in progress (its ticks, not the wall clock).
+    watched: Duration,
+}
+
+/// A transactional call that outlived its bound by [`STUCK_GRACE`], logged once before the
+/// process ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckCall {
+    pub what: &'static str,
+    pub setting: &'static str,
+    pub bound: Duration,
+    pub waited: Duration,
+}
+
+impl StuckCall {
+    pub fn log(&self) {
+        tracing::error!(
+            event = "transactional_call_stuck",
+            call = self.what,
+            bound_ms = self.bound.as_millis() as u64,
+            waited_ms = self.waited.as_millis() as u64,
+            "kafka producer: {} has not returned after {:?} ({} is {:?}); \
+             exiting so that the restart resumes from the last committed checkpoint",
+            self.what,
+            self.waited,
+            self.setting,
+            self.bound
+        );
+    }
 }
 
 /// The near-timeout warning, logged once per transaction.
@@ -135,6 +182,40 @@ impl Transactions {
             i.aborted += 1;
             i.open = None;
         });
+    }
+
+    /// The sink entered a transactional call bounded by `setting` (`bound`).
+    pub fn call_started(&self, what: &'static str, setting: &'static str, bound: Duration) {
+        self.with(|i| {
+            i.call = Some(Call {
+                what,
+                setting,
+                bound,
+                watched: Duration::ZERO,
+            })
+        });
+    }
+
+    /// The call returned, whatever its result.
+    pub fn call_ended(&self) {
+        self.with(|i| i.call = None);
+    }
+
+    /// Called by the watcher once per `tick`: the call in progress, once it has been
+    /// watched for longer than its bound plus [`STUCK_GRACE`]. Counting ticks rather than
+    /// reading the clock means a process that was paused (SIGSTOP) is not judged on the
+    /// pause: resumed, its call first gets to hear the broker's answer (e.g. "fenced").
+    pub fn check_stuck(&self, tick: Duration) -> Option<StuckCall> {
+        self.with(|i| {
+            let call = i.call.as_mut()?;
+            call.watched += tick;
+            (call.watched > call.bound + STUCK_GRACE).then_some(StuckCall {
+                what: call.what,
+                setting: call.setting,
+                bound: call.bound,
+                waited: call.watched,
+            })
+        })
     }
 
     /// Age of the open transaction; zero when none is open.
@@ -228,6 +309,40 @@ mod tests {
         let v = t.view();
         assert_eq!((v.transactions_begun, v.committed, v.aborted), (2, 1, 1));
         assert_eq!(t.open_age(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_call_is_stuck_only_after_its_bound_plus_the_grace_of_watched_ticks() {
+        let t = Transactions::default();
+        let tick = Duration::from_secs(1);
+        assert_eq!(t.check_stuck(tick), None, "no call in progress");
+        t.call_started(
+            "commit_transaction",
+            "checkpoint.timeout",
+            Duration::from_secs(3),
+        );
+        let limit = 3 + STUCK_GRACE.as_secs();
+        for n in 1..=limit {
+            assert_eq!(t.check_stuck(tick), None, "tick {n} of {limit}");
+        }
+        let stuck = t.check_stuck(tick).expect("stuck past bound + grace");
+        assert_eq!(
+            (stuck.what, stuck.setting, stuck.bound, stuck.waited),
+            (
+                "commit_transaction",
+                "checkpoint.timeout",
+                Duration::from_secs(3),
+                Duration::from_secs(limit + 1)
+            )
+        );
+        t.call_ended();
+        assert_eq!(t.check_stuck(tick), None, "the call returned");
+        t.call_started(
+            "abort_transaction",
+            "checkpoint.timeout",
+            Duration::from_secs(3),
+        );
+        assert_eq!(t.check_stuck(tick), None, "a new call starts from zero");
     }
 
     #[test]
