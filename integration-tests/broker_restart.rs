@@ -91,13 +91,18 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
     let started = std::time::Instant::now();
     let (mut restarts, mut said) = (0, 0);
     for i in 0..bounces {
+        // Progress after the bounce is counted from here, while the broker is up (its
+        // committed offsets read as 0 while a restarted broker loads): the group's committed
+        // offsets and the running incarnation's own checkpoints.
+        let before = job.committed();
+        let mut checkpoints_before = checkpoints_completed(job.admin);
         kafka_rig(match bounce {
             Bounce::Term | Bounce::LongOutage => "stop",
             Bounce::Kill => "kill",
         });
         if let Bounce::LongOutage = bounce {
-            // librdkafka can hold a transactional call for its request timeout (`socket.timeout.ms`,
-            // 60 s) whatever the call's own timeout, so giving up can take that long.
+            // The call gives up after `checkpoint.timeout` (3 s), or the watcher ends the
+            // process 10 s past it if librdkafka holds the call; 240 s is the test's patience.
             let deadline = std::time::Instant::now() + Duration::from_secs(240);
             let status = loop {
                 if let Some(status) = service.child.try_wait().expect("try_wait") {
@@ -117,19 +122,18 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
             assert_gave_up(&service, status, &mut said);
             service = spawn(&job, &env, &[]);
             restarts += 1;
+            checkpoints_before = 0.0;
         } else {
             service.assert_running();
             kafka_rig("start");
         }
-        // Commits move again before the next bounce. A broker that took longer than
-        // `checkpoint.timeout` to come back ends the instance (DESIGN.md: timed-out producer
-        // calls are never retried into duplicates), and so can a start while the restarted
-        // broker still loads (`kafka.connect_timeout`); the test restarts it after a pause,
-        // as Kubernetes would, and says why it had to.
-        // Counted from the running incarnation's start, and only once it has committed a
-        // checkpoint itself: the next bounce must hit a running instance, not one still
-        // starting (whose failure would be a start error).
-        let mut before = job.committed();
+        // Commits move again before the next bounce, and the running incarnation has
+        // committed a checkpoint itself since (the next bounce must hit a running instance,
+        // not one still starting). A broker that took longer than `checkpoint.timeout` to
+        // come back ends the instance (DESIGN.md: timed-out producer calls are never retried
+        // into duplicates), and so can a start while the restarted broker still loads
+        // (`kafka.connect_timeout`); the test restarts it after a pause, as Kubernetes
+        // would, and says why it had to.
         wait_until(
             &format!("commits to move again after bounce {}", i + 1),
             Duration::from_secs(240),
@@ -149,13 +153,13 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
                     std::thread::sleep(Duration::from_secs(1));
                     service = spawn(&job, &env, &[]);
                     restarts += 1;
-                    before = job.committed();
+                    checkpoints_before = 0.0;
                 }
                 service.assert_running();
-                // The running incarnation's own count: the group's committed offsets read
-                // as 0 while the restarted broker loads, which made `before` look passed.
-                let steady = checkpoints_completed(job.admin) >= 1.0;
-                steady && (job.committed() >= before + 1_000 || job.committed() >= total as i64)
+                let committed = job.committed();
+                let steady = checkpoints_completed(job.admin) > checkpoints_before;
+                let moved = committed >= before + 1_000 || committed >= total as i64;
+                steady && moved
             },
         );
     }
