@@ -296,30 +296,19 @@ impl Sink {
     ) -> Result<(), SinkError> {
         // The watcher ends the process if librdkafka holds the call far past `timeout`.
         self.tracker.call_started(what, setting, timeout);
-        let result = self.retry_within(what, (setting, timeout), op);
-        self.tracker.call_ended();
-        result
-    }
-
-    fn retry_within(
-        &self,
-        what: &'static str,
-        (setting, timeout): (&'static str, Duration),
-        op: impl Fn(&ThreadedProducer<LogContext>, Duration) -> Result<(), KafkaError>,
-    ) -> Result<(), SinkError> {
         let deadline = Instant::now() + timeout;
         // At least one retry even past the deadline: a process paused during the call
         // (a zombie) must hear from the broker, e.g. that it was fenced, before it gives up.
         let mut attempts = 0u32;
-        loop {
+        let result = loop {
             attempts = attempts.saturating_add(1);
             let left = deadline.saturating_duration_since(Instant::now());
             match op(&self.producer, left.max(Duration::from_secs(1))) {
-                Ok(()) => return Ok(()),
+                Ok(()) => break Ok(()),
                 Err(KafkaError::Transaction(e)) if e.is_retriable() && !e.is_fatal() => {
                     if attempts > 1 && Instant::now() >= deadline {
                         let last = Box::new(KafkaError::Transaction(e));
-                        return Err(SinkError::TimedOut {
+                        break Err(SinkError::TimedOut {
                             what,
                             setting,
                             timeout,
@@ -328,9 +317,11 @@ impl Sink {
                     }
                     warn!(operation = what, error = %e, "retriable transaction error; retrying");
                 }
-                Err(e) => return Err(self.classify(e)),
+                Err(e) => break Err(self.classify(e)),
             }
-        }
+        };
+        self.tracker.call_ended();
+        result
     }
 
     /// What bounds a checkpoint's transactional calls.
