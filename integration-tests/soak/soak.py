@@ -475,6 +475,34 @@ def run(args):
     samples = []
     started = time.monotonic()
     last_hist, last_lat_line = {}, 0
+    def sample(minute):
+        nonlocal last_hist, last_lat_line
+        text = job.metrics()
+        hist = histogram(text, "streamstate_checkpoint_duration_seconds")
+        delta = {le: hist[le] - last_hist.get(le, 0) for le in hist}
+        last_hist = hist
+        with open(latencies) as lf:
+            lines = lf.readlines()
+        lat = sorted(int(l.split()[1]) for l in lines[last_lat_line:] if l.strip())
+        last_lat_line = len(lines)
+        s = {
+            "minute": minute,
+            "t_s": round(time.monotonic() - started, 1),
+            "rss_kib": rss_kib(pid),
+            "rss_anon_kib": rss_kib(pid, "RssAnon"),
+            "latency_ms_p50": percentile(lat, 0.5),
+            "latency_ms_p99": percentile(lat, 0.99),
+            "latency_probes": len(lat),
+            "checkpoint_seconds_p99_le": histogram_quantile(delta, 0.99),
+            "checkpoints": delta.get(float("inf"), 0),
+            "consumer_lag_records": metric_sum(text, "streamstate_consumer_lag_records"),
+            "consumed_total": metric_sum(text, "streamstate_records_consumed_total"),
+        }
+        samples.append(s)
+        sf.write(json.dumps(s) + "\n")
+        sf.flush()
+        log(json.dumps(s))
+
     with open(samples_path, "w") as sf:
         minute = 0
         while producer.poll() is None:
@@ -487,31 +515,12 @@ def run(args):
             if producer.poll() is not None:
                 break
             minute += 1
-            text = job.metrics()
-            hist = histogram(text, "streamstate_checkpoint_duration_seconds")
-            delta = {le: hist[le] - last_hist.get(le, 0) for le in hist}
-            last_hist = hist
-            with open(latencies) as lf:
-                lines = lf.readlines()
-            lat = sorted(int(l.split()[1]) for l in lines[last_lat_line:] if l.strip())
-            last_lat_line = len(lines)
-            s = {
-                "minute": minute,
-                "t_s": round(time.monotonic() - started, 1),
-                "rss_kib": rss_kib(pid),
-                "rss_anon_kib": rss_kib(pid, "RssAnon"),
-                "latency_ms_p50": percentile(lat, 0.5),
-                "latency_ms_p99": percentile(lat, 0.99),
-                "latency_probes": len(lat),
-                "checkpoint_seconds_p99_le": histogram_quantile(delta, 0.99),
-                "checkpoints": delta.get(float("inf"), 0),
-                "consumer_lag_records": metric_sum(text, "streamstate_consumer_lag_records"),
-                "consumed_total": metric_sum(text, "streamstate_records_consumed_total"),
-            }
-            samples.append(s)
-            sf.write(json.dumps(s) + "\n")
-            sf.flush()
-            log(json.dumps(s))
+            sample(minute)
+        # The producer started just before the clock did, so it usually ends a moment
+        # before the last full minute: one more sample when it stops covers that minute
+        # instead of losing it.
+        if not samples or time.monotonic() - started - samples[-1]["t_s"] > 5:
+            sample(round((time.monotonic() - started) / 60, 2))
     prod = json.loads(producer.stdout.read().strip().splitlines()[-1])
     if producer.returncode != 0:
         raise SystemExit(f"producer failed: {prod}")
@@ -548,7 +557,6 @@ def run(args):
         full.pop("examples", None) if full.get("ok") else None
     with open(latencies) as lf:
         lat = sorted(int(l.split()[1]) for l in lf if l.strip())
-    # RSS from the first sample (after a minute of warm-up) to the end.
     # RSS growth from the first minute's sample (warmed up) to the end of the run.
     rss_start = samples[0]["rss_kib"] if samples else rss_at_ready
     hours = (t_end - (samples[0]["t_s"] if samples else 0)) / 3600
