@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use streamstate_state::MapState;
 
-use super::output::{WindowRef, record};
+use super::output::{Field, WindowRef, record};
 use super::spec::{AggFn, AggregateSpec, Emit, Rule, WindowSpec};
 use super::window::{self, namespace};
 use super::{Env, States};
@@ -137,11 +137,15 @@ fn per_event(a: &AggregateSpec, acc: &mut Acc, value: &Value, windowed: bool) ->
     }
 }
 
-fn extra(a: &AggregateSpec, acc: &Acc, trigger: &'static str) -> Vec<(&'static str, Value)> {
+fn extra(
+    a: &AggregateSpec,
+    acc: &Acc,
+    trigger: &'static str,
+) -> Vec<(&'static str, Field<'static>)> {
     vec![
-        ("fn", Value::from(a.func.name())),
-        ("count", Value::from(acc.count)),
-        ("trigger", Value::from(trigger)),
+        ("fn", Field::Str(a.func.name())),
+        ("count", Field::U64(acc.count)),
+        ("trigger", Field::Str(trigger)),
     ]
 }
 
@@ -302,7 +306,7 @@ pub(crate) fn on_window_timer(
         fire &= ratio.is_some_and(|r| r > c.ratio_gt);
         more.push((
             "compare",
-            json!({"windows_back": c.windows_back, "ratio_gt": c.ratio_gt, "previous": previous, "previous_start": back, "ratio": ratio}),
+            Field::Value(json!({"windows_back": c.windows_back, "ratio_gt": c.ratio_gt, "previous": previous, "previous_start": back, "ratio": ratio})),
         ));
     }
     if fire {

@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::output::record;
+use super::output::{Field, record};
 use super::spec::{AnomalySpec, Model, Rule};
 use super::window::{self, namespace};
 use super::{Env, States};
@@ -120,7 +120,7 @@ pub(crate) fn on_event(
         None,
         Some(ev.source),
         ev.timestamp_ms,
-        vec![("anomaly", info)],
+        [("anomaly", Field::Value(info))],
     );
     env.emit(out, rule, ev.key, &r)
 }

@@ -8,7 +8,7 @@
 
 use serde_json::json;
 
-use super::output::record;
+use super::output::{Field, record};
 use super::spec::{DedupSpec, Rule};
 use super::window::{self, namespace};
 use super::{Env, States};
@@ -37,19 +37,11 @@ pub(crate) fn on_event(
         }
         _ => {
             seen.put(&k, &ts)?;
-            let extra = vec![(
+            let extra = [(
                 "dedup",
-                json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms}),
+                Field::Value(json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms})),
             )];
-            let r = record(
-                rule,
-                ev.key,
-                ev.value.clone(),
-                None,
-                Some(ev.source),
-                ts,
-                extra,
-            );
+            let r = record(rule, ev.key, ev.value, None, Some(ev.source), ts, extra);
             env.emit(out, rule, ev.key, &r)
         }
     }

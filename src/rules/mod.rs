@@ -29,7 +29,6 @@ pub mod spec;
 pub mod window;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -48,7 +47,7 @@ use crate::metrics::Metrics;
 
 use self::aggregate::{Acc, Sessions};
 use self::anomaly::ModelState;
-use self::metrics::RuleMetrics;
+use self::metrics::{RuleCounters, RuleMetrics};
 use self::sequence::Partial;
 use self::spec::{Kind, Rule};
 
@@ -188,6 +187,9 @@ impl States {
 pub(crate) struct Env<'a, 'c> {
     pub ctx: &'a KeyedContext<'c>,
     pub metrics: &'a RuleMetrics,
+    /// The counters of the rule in force this call is for (none for a timer of a rule
+    /// that was deleted or replaced, which emits nothing).
+    pub counters: Option<&'a RuleCounters>,
     pub event_time: bool,
 }
 
@@ -230,19 +232,21 @@ impl Env<'_, '_> {
         out: &mut Output,
         rule: &Rule,
         key: &str,
-        record: &Value,
+        record: &output::RuleOutput<'_>,
     ) -> Result<(), FunctionError> {
-        if rule.status == spec::Status::Shadow {
-            self.metrics
-                .shadow_suppressed
-                .with_label_values(&[&rule.id])
-                .inc();
+        let counters;
+        let counters = match self.counters {
+            Some(c) => c,
+            None => {
+                counters = self.metrics.for_rule(rule);
+                &counters
+            }
+        };
+        if let Some(suppressed) = &counters.shadow_suppressed {
+            suppressed.inc();
             return Ok(());
         }
-        self.metrics
-            .outputs
-            .with_label_values(&[rule.kind.name()])
-            .inc();
+        counters.outputs.inc();
         out.emit_to(rule.output_topic.as_deref(), key, record)
     }
 }
@@ -251,8 +255,21 @@ pub struct RuleEngine {
     options: EngineOptions,
     metrics: RuleMetrics,
     /// Rules in force, by id (iteration order = output order, deterministic).
-    rules: BTreeMap<String, Arc<Rule>>,
+    rules: BTreeMap<String, Live>,
     states: Option<States>,
+}
+
+/// A rule in force and its counters, fetched once when it is compiled.
+struct Live {
+    rule: Rule,
+    counters: RuleCounters,
+}
+
+impl RuleEngine {
+    fn install(&mut self, id: String, rule: Rule) {
+        let counters = self.metrics.for_rule(&rule);
+        self.rules.insert(id, Live { rule, counters });
+    }
 }
 
 impl RuleEngine {
@@ -290,7 +307,9 @@ impl RuleEngine {
 
     /// Ids and versions of the rules in force.
     pub fn rules(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.rules.values().map(|r| (r.id.as_str(), r.version))
+        self.rules
+            .values()
+            .map(|l| (l.rule.id.as_str(), l.rule.version))
     }
 
     pub fn metrics(&self) -> &RuleMetrics {
@@ -308,9 +327,7 @@ impl ProcessFunction for RuleEngine {
                 .map_err(|e| spec::RuleError::new(spec::reason::INVALID, e.to_string()))
                 .and_then(|v| spec::compile(&v));
             match compiled {
-                Ok(rule) => {
-                    self.rules.insert(id, Arc::new(rule));
-                }
+                Ok(rule) => self.install(id, rule),
                 // Accepted once, so only a language change can refuse it now: keep running
                 // without it rather than stopping the job.
                 Err(e) => {
@@ -328,23 +345,18 @@ impl ProcessFunction for RuleEngine {
         out: &mut Output,
     ) -> Result<(), FunctionError> {
         let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
-        let env = Env {
-            ctx,
-            metrics: &self.metrics,
-            event_time: self.options.event_time,
-        };
-        for rule in self.rules.values() {
+        for Live { rule, counters } in self.rules.values() {
             if rule.filter.as_ref().is_some_and(|f| !f.eval(event.value)) {
                 continue;
             }
-            self.metrics
-                .matches
-                .with_label_values(&[rule.kind.name()])
-                .inc();
-            self.metrics
-                .rule_matches
-                .with_label_values(&[&rule.id])
-                .inc();
+            counters.matches.inc();
+            counters.rule_matches.inc();
+            let env = Env {
+                ctx,
+                metrics: &self.metrics,
+                counters: Some(counters),
+                event_time: self.options.event_time,
+            };
             match &rule.kind {
                 Kind::Aggregate(a) => aggregate::on_event(&env, states, rule, a, event, out)?,
                 Kind::Dedup(d) => dedup::on_event(&env, states, rule, d, event, out)?,
@@ -373,9 +385,7 @@ impl ProcessFunction for RuleEngine {
                     rule.id, rule.version, update.id, update.version
                 ),
             ),
-            Ok(rule) => {
-                self.rules.insert(rule.id.clone(), Arc::new(rule));
-            }
+            Ok(rule) => self.install(rule.id.clone(), rule),
             Err(e) => out.reject(
                 e.reason,
                 format!(
@@ -405,14 +415,18 @@ impl ProcessFunction for RuleEngine {
         if timer.domain != expected {
             return Ok(());
         }
+        let live = self
+            .rules
+            .get(ns.id)
+            .filter(|l| l.rule.version == ns.version);
         let env = Env {
             ctx,
             metrics: &self.metrics,
+            counters: live.map(|l| &l.counters),
             event_time: self.options.event_time,
         };
         let key = String::from_utf8_lossy(timer.key);
-        let live = self.rules.get(ns.id).filter(|r| r.version == ns.version);
-        match (live.map(|r| (&**r, &r.kind)), ns.tag) {
+        match (live.map(|l| (&l.rule, &l.rule.kind)), ns.tag) {
             (Some((rule, Kind::Aggregate(a))), window::WINDOW) => aggregate::on_window_timer(
                 &env,
                 states,

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::output::record;
+use super::output::{Field, record};
 use super::spec::{Rule, SequenceSpec};
 use super::window::{self, namespace};
 use super::{Env, States};
@@ -101,9 +101,11 @@ pub(crate) fn on_event(
             .iter()
             .map(|(t, p, o)| json!({"topic": t, "partition": p, "offset": o}))
             .collect();
-        let extra = vec![(
+        let extra = [(
             "sequence",
-            json!({"started": m.start, "ended": ts, "within_ms": s.within_ms, "sources": sources}),
+            Field::Value(
+                json!({"started": m.start, "ended": ts, "within_ms": s.within_ms, "sources": sources}),
+            ),
         )];
         let r = record(
             rule,
