@@ -8,7 +8,7 @@
 #   bench/run.sh
 #
 # Environment (defaults in brackets):
-#   BENCH_EVENTS [2000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
+#   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
 #   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
 #   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes, from the
@@ -29,7 +29,7 @@
 #   CARGO_TARGET_DIR [target]
 set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
-EVENTS="${BENCH_EVENTS:-2000000}"
+EVENTS="${BENCH_EVENTS:-1000000}"
 KEYS="${BENCH_KEYS:-1000000}"
 DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
