@@ -266,13 +266,6 @@ struct Live {
 }
 
 impl RuleEngine {
-    fn install(&mut self, id: String, rule: Rule) {
-        let counters = self.metrics.for_rule(&rule);
-        self.rules.insert(id, Live { rule, counters });
-    }
-}
-
-impl RuleEngine {
     /// The fixed keyed states `open` registers with this `[job] state_ttl` (dedup states,
     /// one per TTL, are named [`DEDUP_STATE_PREFIX`]`<ttl>ms` and created on demand).
     pub fn declared_states(
@@ -314,6 +307,12 @@ impl RuleEngine {
 
     pub fn metrics(&self) -> &RuleMetrics {
         &self.metrics
+    }
+
+    /// Puts `rule` in force under `id`, with its counters fetched once.
+    fn install(&mut self, id: String, rule: Rule) {
+        let counters = self.metrics.for_rule(&rule);
+        self.rules.insert(id, Live { rule, counters });
     }
 }
 
