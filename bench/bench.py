@@ -46,9 +46,9 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def ensure_topic(bootstrap, topic, partitions):
+def ensure_topic(bootstrap, topic, partitions, config=None):
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for _, fut in admin.create_topics([NewTopic(topic, partitions, 1)]).items():
+    for _, fut in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).items():
         try:
             fut.result(30)
         except Exception as e:  # noqa: BLE001 - TOPIC_ALREADY_EXISTS is fine
@@ -61,6 +61,24 @@ def ensure_topic(bootstrap, topic, partitions):
             return
         time.sleep(0.2)
     raise TimeoutError(f"topic {topic} did not get {partitions} partitions")
+
+
+def drop_topics(bootstrap, app):
+    """Deletes every topic of one run: its output and dead-letter topics, a latency run's
+    input, and the changelog and repartition topics Kafka Streams and Quix name after their
+    application id (`app` is unique per run). A full run writes tens of GB of topics; kept,
+    they filled the disk quota before the state sweep. Best effort: a failure is logged,
+    the run's figures stand."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        names = [t for t in admin.list_topics(timeout=30).topics if app in t]
+        for topic, fut in (admin.delete_topics(names, operation_timeout=30).items() if names else ()):
+            try:
+                fut.result(60)
+            except Exception as e:  # noqa: BLE001 - one undeleted topic only costs disk
+                log(f"could not delete topic {topic}: {e}")
+    except Exception as e:  # noqa: BLE001
+        log(f"could not list the topics of {app}: {e}")
 
 
 class Progress:
@@ -229,7 +247,10 @@ def run_recovery(a, spec):
     app, output = f"bench-{tag}", f"bench-{tag}-out"
     run_dir = Path(a.work) / tag
     run_dir.mkdir(parents=True)
-    ensure_topic(a.bootstrap, output, a.partitions)
+    # Nothing reads this output (the figures are timings), and 20M events write ~15 GB of
+    # it: the broker may drop old segments as it goes.
+    ensure_topic(a.bootstrap, output, a.partitions,
+                 {"retention.bytes": str(512 << 20), "segment.bytes": str(128 << 20)})
     ensure_topic(a.bootstrap, output + "-dlq", 1)
     progress = Progress(a.bootstrap, app, input_topic, a.partitions)
     result = {}
@@ -291,6 +312,7 @@ def run_recovery(a, spec):
         progress.close()
         stop(proc, logf)
         drop_state(run_dir)
+        drop_topics(a.bootstrap, app)
     log(json.dumps(result))
     return result
 
@@ -362,6 +384,8 @@ def run_one(a, name, spec, repeat, total):
         except (IndexError, json.JSONDecodeError):
             result["check"] = {"ok": False, "error": check.stderr[-500:]}
         result["ok"] = bool(result["check"].get("ok"))
+    if result["ok"]:
+        drop_topics(a.bootstrap, app)  # a failed run's output stays, to be looked at
     log(json.dumps({k: v for k, v in result.items() if k != "checkpoints"}))
     return result
 
@@ -453,6 +477,7 @@ def run_latency(a, name, spec, load, max_eps):
         progress.close()
         stop(proc, logf)
         drop_state(run_dir)
+        drop_topics(a.bootstrap, app)
     log(json.dumps(result))
     return result
 
