@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
@@ -17,11 +16,7 @@ use rdkafka::consumer::Consumer;
 /// Key groups, and partitions of the internal topic.
 const MAX_PARALLELISM: i32 = 8;
 
-struct Instance {
-    service: Service,
-    admin: SocketAddr,
-}
-
+/// Instance `i` of `n` with this file's key-group count, in repartition mode or not.
 fn spawn_instance(
     job: &Job,
     i: u32,
@@ -30,43 +25,15 @@ fn spawn_instance(
     repartition: bool,
     args: &[&str],
 ) -> Instance {
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let state = job.dir.path().join(format!("state-{i}-gen{generation}"));
-    let (i, n, listen, state) = (
-        i.to_string(),
-        n.to_string(),
-        admin.to_string(),
-        state.display().to_string(),
-    );
     let mp = MAX_PARALLELISM.to_string();
     let env = [
-        ("STREAMSTATE__JOB__INSTANCE", i.as_str()),
-        ("STREAMSTATE__JOB__INSTANCES", n.as_str()),
         (
             "STREAMSTATE__JOB__REPARTITION",
             if repartition { "true" } else { "false" },
         ),
         ("STREAMSTATE__STATE__MAX_PARALLELISM", mp.as_str()),
-        ("STREAMSTATE__ADMIN__LISTEN", listen.as_str()),
-        ("STREAMSTATE__STATE__DIR", state.as_str()),
     ];
-    let log = job
-        .dir
-        .path()
-        .join(format!("instance-{i}-gen{generation}.log"));
-    Instance {
-        service: Service::spawn(&job.config_path(), &log, args, &env),
-        admin,
-    }
-}
-
-fn wait_ready(instances: &mut [Instance]) {
-    for inst in instances.iter_mut() {
-        wait_until("instance ready", Duration::from_secs(90), || {
-            inst.service.assert_running();
-            http("GET", inst.admin, "/readyz").is_ok_and(|(status, _)| status == 200)
-        });
-    }
+    common::spawn_instance(job, i, n, generation, &env, args)
 }
 
 /// Events keyed by a session id (the producer partitions by it), so one user's events

@@ -13,45 +13,8 @@ use common::*;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-/// One instance `i` of `n`: its own admin port, state directory and log.
-struct Instance {
-    service: Service,
-    admin: SocketAddr,
-}
-
 fn spawn_instance(job: &Job, i: u32, n: u32, generation: u32, args: &[&str]) -> Instance {
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let state = job.dir.path().join(format!("state-{i}-gen{generation}"));
-    let (i, n, listen, state) = (
-        i.to_string(),
-        n.to_string(),
-        admin.to_string(),
-        state.display().to_string(),
-    );
-    let env = [
-        ("STREAMSTATE__JOB__INSTANCE", i.as_str()),
-        ("STREAMSTATE__JOB__INSTANCES", n.as_str()),
-        ("STREAMSTATE__ADMIN__LISTEN", listen.as_str()),
-        ("STREAMSTATE__STATE__DIR", state.as_str()),
-    ];
-    let log = job
-        .dir
-        .path()
-        .join(format!("instance-{i}-gen{generation}.log"));
-    Instance {
-        service: Service::spawn(&job.config_path(), &log, args, &env),
-        admin,
-    }
-}
-
-fn wait_ready(job: &Job, instances: &mut [Instance]) {
-    for inst in instances.iter_mut() {
-        wait_until("instance ready", Duration::from_secs(90), || {
-            inst.service.assert_running();
-            http("GET", inst.admin, "/readyz").is_ok_and(|(status, _)| status == 200)
-        });
-    }
-    let _ = job;
+    common::spawn_instance(job, i, n, generation, &[], args)
 }
 
 /// `POST /stop {"savepoint": true}` on every instance, each exits 0. With `hold` (what a
@@ -175,7 +138,7 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
     let evs = events(12_000, 5, 77);
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(500)));
     let mut running = vec![spawn_instance(&job, 0, 1, 0, &[])];
-    wait_ready(&job, &mut running);
+    wait_ready(&mut running);
     wait_until("a first commit", Duration::from_secs(60), || {
         job.committed() > 0
     });
@@ -190,7 +153,7 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
         running = (0..to)
             .map(|i| spawn_instance(&job, i, to, generation, &["--from-savepoint-set", &set]))
             .collect();
-        wait_ready(&job, &mut running);
+        wait_ready(&mut running);
         wait_until(
             &format!("{to} instances committing past {before}"),
             Duration::from_secs(90),
@@ -230,7 +193,7 @@ fn a_sigkilled_instance_of_three_pauses_only_its_own_partitions() {
     let evs = events(9_000, 5, 78);
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(600)));
     let mut running: Vec<Instance> = (0..3).map(|i| spawn_instance(&job, i, 3, 0, &[])).collect();
-    wait_ready(&job, &mut running);
+    wait_ready(&mut running);
     // Instance 1 of 3 over 4 key groups owns key group (= partition) 2 only.
     wait_until("every partition committed", Duration::from_secs(90), || {
         committed_per_partition(&job).values().all(|o| *o > 0)
@@ -274,7 +237,7 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
     let job = scale_job("refusals");
     produce_all(&job.input, &events(2_000, 0, 79), None);
     let mut first = vec![spawn_instance(&job, 0, 1, 0, &[])];
-    wait_ready(&job, &mut first);
+    wait_ready(&mut first);
     wait_until("input committed", Duration::from_secs(90), || {
         job.committed() >= 2_000
     });
@@ -333,7 +296,7 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
 
     // The same instance id twice: the newer one fences the older, which exits.
     let mut a = spawn_instance(&job, 0, 1, 2, &[]);
-    wait_ready(&job, std::slice::from_mut(&mut a));
+    wait_ready(std::slice::from_mut(&mut a));
     let mut b = spawn_instance(&job, 0, 1, 3, &[]);
     let status = a.service.wait_exit(Duration::from_secs(120));
     assert!(
@@ -393,7 +356,7 @@ fn state_lookup_on_any_instance_reaches_the_owner() {
         }
     };
     let mut running = vec![spawn(0, Some(&template)), spawn(1, None)];
-    wait_ready(&job, &mut running);
+    wait_ready(&mut running);
     let end = job.input_end();
     wait_until("all input committed", Duration::from_secs(90), || {
         running.iter_mut().for_each(|i| i.service.assert_running());

@@ -509,6 +509,58 @@ listen = "{admin}"
     }
 }
 
+/// Instance `i` of `n` of one job, as its own process: its own admin port, state
+/// directory (`state-{i}-gen{generation}`) and log. `generation` tells apart an
+/// instance's restarts, so a restart never reuses the state directory of the one before.
+pub struct Instance {
+    pub service: Service,
+    pub admin: SocketAddr,
+}
+
+/// Spawns instance `i` of `n` with `env` on top of the instance settings.
+pub fn spawn_instance(
+    job: &Job,
+    i: u32,
+    n: u32,
+    generation: u32,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Instance {
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let state = job.dir.path().join(format!("state-{i}-gen{generation}"));
+    let log = job
+        .dir
+        .path()
+        .join(format!("instance-{i}-gen{generation}.log"));
+    let (i, n, listen, state) = (
+        i.to_string(),
+        n.to_string(),
+        admin.to_string(),
+        state.display().to_string(),
+    );
+    let mut all = vec![
+        ("STREAMSTATE__JOB__INSTANCE", i.as_str()),
+        ("STREAMSTATE__JOB__INSTANCES", n.as_str()),
+        ("STREAMSTATE__ADMIN__LISTEN", listen.as_str()),
+        ("STREAMSTATE__STATE__DIR", state.as_str()),
+    ];
+    all.extend_from_slice(env);
+    Instance {
+        service: Service::spawn(&job.config_path(), &log, args, &all),
+        admin,
+    }
+}
+
+/// Waits until every instance answers `/readyz` with 200; fails if one exits.
+pub fn wait_ready(instances: &mut [Instance]) {
+    for inst in instances.iter_mut() {
+        wait_until("instance ready", Duration::from_secs(90), || {
+            inst.service.assert_running();
+            http("GET", inst.admin, "/readyz").is_ok_and(|(status, _)| status == 200)
+        });
+    }
+}
+
 /// The service as a child process, so tests can SIGKILL it like a node failure would.
 pub struct Service {
     pub child: Child,

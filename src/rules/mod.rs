@@ -234,13 +234,10 @@ impl Env<'_, '_> {
         key: &str,
         record: &output::RuleOutput<'_>,
     ) -> Result<(), FunctionError> {
-        let counters;
-        let counters = match self.counters {
-            Some(c) => c,
-            None => {
-                counters = self.metrics.for_rule(rule);
-                &counters
-            }
+        // No counters: the timer's rule was deleted or replaced, and such a timer emits
+        // nothing (the timer dispatch only lets a rule in force emit).
+        let Some(counters) = self.counters else {
+            return Ok(());
         };
         if let Some(suppressed) = &counters.shadow_suppressed {
             suppressed.inc();
