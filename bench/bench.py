@@ -628,12 +628,14 @@ def plot(a, summary, latencies):
     axes[0].set_title("events/s")
     axes[1].bar(names, [summary[n]["epc"] or 0 for n in names], yerr=[summary[n]["epc_spread"] or 0 for n in names])
     axes[1].set_title("events per CPU-second")
+    for ax in axes[:2]:
+        ax.tick_params(axis="x", labelsize=8)
     ok = [l for l in latencies if "error" not in l and l.get("p99_ms") is not None]
     labels = [f"{l['contender']}@{l['load']:.0%}" for l in ok]
     xs = range(len(ok))
     axes[2].bar([x - 0.2 for x in xs], [l["p50_ms"] for l in ok], width=0.4, label="p50")
     axes[2].bar([x + 0.2 for x in xs], [l["p99_ms"] for l in ok], width=0.4, label="p99")
-    axes[2].set_xticks(list(xs), labels, rotation=30)
+    axes[2].set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=8)
     axes[2].set_title("end-to-end latency (ms)")
     axes[2].legend()
     fig.tight_layout()
