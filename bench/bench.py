@@ -67,8 +67,8 @@ def drop_topics(bootstrap, app):
     """Deletes every topic of one run: its output and dead-letter topics, a latency run's
     input, and the changelog and repartition topics Kafka Streams and Quix name after their
     application id (`app` is unique per run). A full run writes tens of GB of topics; kept,
-    they filled the disk quota before the state sweep. Best effort: a failure is logged,
-    the run's figures stand."""
+    they filled the disk quota during a run's state sweep. Best effort: a failure is
+    logged, the run's figures stand."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         names = [t for t in admin.list_topics(timeout=30).topics if app in t]
@@ -247,8 +247,8 @@ def run_recovery(a, spec):
     app, output = f"bench-{tag}", f"bench-{tag}-out"
     run_dir = Path(a.work) / tag
     run_dir.mkdir(parents=True)
-    # Nothing reads this output (the figures are timings), and 20M events write ~15 GB of
-    # it: the broker may drop old segments as it goes.
+    # Nothing reads this output (the figures are timings), and 20M events write about
+    # 15 GB of it (three outputs per event): the broker may drop old segments as it goes.
     ensure_topic(a.bootstrap, output, a.partitions,
                  {"retention.bytes": str(512 << 20), "segment.bytes": str(128 << 20)})
     ensure_topic(a.bootstrap, output + "-dlq", 1)
