@@ -757,6 +757,8 @@ fn transactions_show_the_open_transaction_aging_warn_near_the_timeout_and_advanc
         &[],
         &[
             ("FAILPOINTS", "before-commit=sleep(15000)"),
+            // One producer: epochs queued behind a 15 s commit would outlive the timeout.
+            ("STREAMSTATE__CHECKPOINT__PRODUCER_POOL_SIZE", "1"),
             ("STREAMSTATE__KAFKA__TRANSACTION_TIMEOUT", "20s"),
             ("STREAMSTATE__CHECKPOINT__TIMEOUT", "5s"),
         ],
@@ -769,7 +771,7 @@ fn transactions_show_the_open_transaction_aging_warn_near_the_timeout_and_advanc
         a.json()
     };
     let first = view(&mut service);
-    assert_eq!(first["transactional_id"], format!("{}-0", job.app_id));
+    assert_eq!(first["transactional_id"], format!("{}-0-0", job.app_id));
     assert_eq!(first["producer_inits"], 1);
     assert_eq!(first["transaction_timeout_ms"], 20_000);
     assert_eq!(first["warn_after_ms"], 16_000);

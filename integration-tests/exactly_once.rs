@@ -87,6 +87,7 @@ macro_rules! crash_tests {
 crash_tests! {
     recovers_exactly_once_after_crashes_mid_batch: "mid-batch", |r| r.random_range(10..900);
     recovers_exactly_once_after_crashes_after_producing_before_snapshot: "before-snapshot", |r| r.random_range(0..3);
+    recovers_exactly_once_after_crashes_during_the_background_upload: "during-upload", |r| r.random_range(0..3);
     recovers_exactly_once_after_crashes_after_snapshot_before_sending_offsets: "after-snapshot", |r| r.random_range(0..3);
     recovers_exactly_once_after_crashes_after_sending_offsets_before_commit: "before-commit", |r| r.random_range(0..3);
     recovers_exactly_once_after_crashes_after_commit_before_marking_complete: "after-commit", |r| r.random_range(0..3);

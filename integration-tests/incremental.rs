@@ -26,6 +26,7 @@ fn checkpoint(
         created_at_ms: 0,
         offsets: vec![],
         control_offsets: vec![],
+        producer_pool_size: None,
         state,
     };
     let written = storage

@@ -17,6 +17,9 @@ pub use streamstate_state::BackendKind;
 /// Environment variables with this prefix override file keys; `__` separates levels.
 pub const ENV_PREFIX: &str = "STREAMSTATE__";
 
+/// Most producers one instance keeps for its epochs (`checkpoint.producer_pool_size`).
+pub const MAX_PRODUCER_POOL_SIZE: u32 = 16;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// figment's message already names the key and the source (file or environment).
@@ -208,6 +211,12 @@ pub struct CheckpointConfig {
     /// Upper bound for one checkpoint's Kafka calls (offsets, commit), retries included.
     #[serde(default = "default_checkpoint_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Transactional producers in the pool, which is also the most epochs in flight: one
+    /// open epoch taking records, the others uploading and committing in the background.
+    /// When every producer is busy the job waits (back-pressure). 1 turns pipelining off:
+    /// each checkpoint then commits before the next epoch starts.
+    #[serde(default = "default_producer_pool_size")]
+    pub producer_pool_size: u32,
 }
 
 impl Default for CheckpointConfig {
@@ -218,6 +227,7 @@ impl Default for CheckpointConfig {
             retained: default_retained(),
             min_pause: Duration::ZERO,
             timeout: default_checkpoint_timeout(),
+            producer_pool_size: default_producer_pool_size(),
         }
     }
 }
@@ -322,6 +332,12 @@ fn default_checkpoint_storage() -> String {
 fn default_checkpoint_timeout() -> Duration {
     Duration::from_secs(30)
 }
+/// Three, as Flink's KafkaSink needs at most: the open epoch, one uploading and one
+/// committing. More only helps when uploads are slower than the checkpoint interval.
+fn default_producer_pool_size() -> u32 {
+    3
+}
+
 fn default_retained() -> usize {
     3
 }
@@ -429,6 +445,12 @@ impl Config {
         }
         if self.checkpoint.interval < Duration::from_millis(10) {
             return invalid("checkpoint.interval", "must be at least 10ms");
+        }
+        if !(1..=MAX_PRODUCER_POOL_SIZE).contains(&self.checkpoint.producer_pool_size) {
+            return invalid(
+                "checkpoint.producer_pool_size",
+                &format!("must be between 1 and {MAX_PRODUCER_POOL_SIZE}"),
+            );
         }
         if self.checkpoint.retained == 0 {
             return invalid("checkpoint.retained", "must be at least 1");
@@ -544,8 +566,15 @@ impl Config {
     }
 
     /// `<app_id>-<instance>`: fences zombies of this same instance and nobody else.
-    pub fn transactional_id(&self) -> String {
+    /// The transactional id this instance used before producer pools: fenced at start
+    /// when no checkpoint records a pool, so an upgrade leaves no transaction behind.
+    pub fn legacy_transactional_id(&self) -> String {
         format!("{}-{}", self.kafka.app_id, self.job.instance)
+    }
+
+    /// `<app_id>-<instance>-<slot>`: one id per producer of the pool.
+    pub fn transactional_id(&self, slot: u32) -> String {
+        format!("{}-{}-{slot}", self.kafka.app_id, self.job.instance)
     }
 }
 
@@ -706,7 +735,8 @@ key = "/user"
         let c = Config::load(&write(&dir, MINIMAL)).expect("load");
         assert_eq!(c.checkpoint.interval, Duration::from_secs(1));
         assert_eq!(c.state.backend, BackendKind::Rocksdb);
-        assert_eq!(c.transactional_id(), "app-0");
+        assert_eq!(c.transactional_id(2), "app-0-2");
+        assert_eq!(c.legacy_transactional_id(), "app-0");
     }
 
     #[test]

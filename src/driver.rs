@@ -59,6 +59,9 @@ pub struct Driver {
     watermark: Option<u64>,
     watermark_state: OperatorListState<(String, i32, u64)>,
     out: Output,
+    /// Timers fired since start: a checkpoint barrier with no new input and no fired
+    /// timer has nothing new to commit.
+    timers_fired: u64,
 }
 
 impl Driver {
@@ -79,6 +82,7 @@ impl Driver {
             watermark: None,
             watermark_state,
             out: Output::default(),
+            timers_fired: 0,
         };
         driver.open()?;
         Ok(driver)
@@ -272,6 +276,7 @@ impl Driver {
                         namespace: &timer.namespace,
                     };
                     let ctx = KeyedContext::new(&self.store, timer.timestamp, watermark);
+                    self.timers_fired += 1;
                     let result = self.function.on_timer(&fired, &ctx, &mut self.out);
                     self.store.set_current_namespace(&[]);
                     result?;
@@ -286,12 +291,33 @@ impl Driver {
         Ok(records)
     }
 
+    /// Timers fired since this driver was created.
+    pub fn timers_fired(&self) -> u64 {
+        self.timers_fired
+    }
+
     /// The function's own snapshot hook, then the store's snapshot into `dir`.
     pub fn snapshot(
         &mut self,
         checkpoint_id: u64,
         dir: &Path,
     ) -> Result<SnapshotResult, FunctionError> {
+        self.prepare_snapshot(checkpoint_id)?;
+        Ok(self.store.snapshot(checkpoint_id, dir)?)
+    }
+
+    /// [`Driver::snapshot`] for the checkpoint barrier: hashes of new SST files are left
+    /// for the uploader to fill in ([`StateStore::file_hashes`]), off the job thread.
+    pub fn snapshot_deferred(
+        &mut self,
+        checkpoint_id: u64,
+        dir: &Path,
+    ) -> Result<SnapshotResult, FunctionError> {
+        self.prepare_snapshot(checkpoint_id)?;
+        Ok(self.store.snapshot_deferred(checkpoint_id, dir)?)
+    }
+
+    fn prepare_snapshot(&mut self, checkpoint_id: u64) -> Result<(), FunctionError> {
         self.function.snapshot_state(checkpoint_id)?;
         let mut marks: Vec<(String, i32, u64)> = self
             .max_seen
@@ -302,7 +328,7 @@ impl Driver {
             marks.push((WATERMARK_ENTRY.0.to_string(), WATERMARK_ENTRY.1, w));
         }
         self.watermark_state.update(&marks)?;
-        Ok(self.store.snapshot(checkpoint_id, dir)?)
+        Ok(())
     }
 }
 

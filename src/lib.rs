@@ -12,11 +12,14 @@
 //!   [`functions`] holds the built-in ones, [`rules`] the rule engine (itself a function).
 //! - [`driver`]: runs one function over the state store: key scope, event time, timers.
 //! - [`control`]: control-topic records → versioned updates, kept in broadcast state.
-//! - [`sink`]: the transactional producer, one transaction per checkpoint epoch;
+//! - [`sink`]: the pool of transactional producers, one transaction per checkpoint epoch;
 //!   [`transactions`] what operators see of the open transaction (age, checkpoint).
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
-//! - [`job`]: the loop that ties them together and runs the commit protocol.
+//! - [`commit`]: the commit protocol: pipelined epochs over a pool of transactional
+//!   producers, uploaded and committed in epoch order by a committer thread.
+//! - [`job`]: the loop that ties them together: start-up and restore, record routing,
+//!   the checkpoint barrier, admin requests.
 //! - [`requests`]: the bounded channel from the admin server to the job loop.
 //! - [`history`]: checkpoints and savepoints the loop took, as the admin API shows them.
 //! - [`savepoint`]: savepoint locations, ids and listing (written by the job loop).
@@ -32,10 +35,12 @@
 //!
 //! # The commit protocol
 //!
-//! Epoch `e` produces into transaction `T_e`; at a checkpoint the loop stops polling,
-//! writes `chk-e` durably, sends the source offsets (metadata naming `chk-e`) into `T_e`
-//! and commits. That commit is the single decision point; recovery restores whichever
-//! checkpoint the group's committed offsets name. See `../shared/DESIGN.md`.
+//! Epoch `e` produces into transaction `T_e`; at a checkpoint barrier the loop takes a
+//! local snapshot, opens `T_{e+1}` on another producer of the pool and goes on, while the
+//! committer thread writes `chk-e` durably, sends the source offsets (metadata naming
+//! `chk-e`) into `T_e` and commits, in epoch order. That commit is the single decision
+//! point; recovery restores whichever checkpoint the group's committed offsets name. See
+//! [`commit`] and `../shared/DESIGN.md`.
 
 /// Crashes the process here when a test configured this failpoint (feature `failpoints`,
 /// `FAILPOINTS=<name>=return`); compiles to nothing otherwise.
@@ -52,6 +57,7 @@ pub use streamstate_state as state;
 pub mod admin;
 pub mod checkpoint;
 pub mod cluster;
+pub mod commit;
 pub mod config;
 pub mod control;
 pub mod decode;

@@ -53,6 +53,19 @@ pub struct Metrics {
     /// `kafka.transaction_timeout`, so alerts can compare the age with it.
     pub transaction_timeout: Gauge,
     pub transactions_near_timeout: IntCounter,
+    /// The job thread's pause at each checkpoint barrier (the synchronous snapshot);
+    /// upload and commit run on the committer thread.
+    pub checkpoint_pause: Histogram,
+    /// Periodic checkpoints skipped because nothing changed since the previous one.
+    pub checkpoints_skipped: IntCounter,
+    /// Unix time of the last skipped checkpoint with nothing in flight: the state was as
+    /// durable then as a checkpoint would have made it.
+    pub last_checkpoint_skipped_timestamp: IntGauge,
+    /// Open epochs: the one taking records plus those uploading or committing.
+    pub epochs_in_flight: IntGauge,
+    /// Barriers whose next epoch waited for a free producer (back-pressure).
+    pub producer_pool_waits: IntCounter,
+    pub producer_pool_wait_seconds: prometheus::Counter,
     /// Admin connections closed at accept because `admin::MAX_CONNECTIONS` were open.
     pub http_connections_refused: IntCounter,
     started_at: u64,
@@ -171,7 +184,7 @@ impl Metrics {
             )?,
             time_since_last_checkpoint: Gauge::new(
                 "streamstate_time_since_last_checkpoint_seconds",
-                "Seconds since the last completed checkpoint (since process start before the first).",
+                "Seconds since the last completed checkpoint, or the last one skipped with everything committed (since process start before either).",
             )?,
             checkpoint_interval: Gauge::new(
                 "streamstate_checkpoint_interval_seconds",
@@ -224,6 +237,35 @@ impl Metrics {
                 "streamstate_http_connections_refused_total",
                 "Admin connections closed at once because the connection cap was reached.",
             )?,
+            checkpoint_pause: Histogram::with_opts(
+                HistogramOpts::new(
+                    "streamstate_checkpoint_pause_seconds",
+                    "Time the job thread stopped processing at each checkpoint barrier (local snapshot).",
+                )
+                .buckets(vec![
+                    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+            )?,
+            checkpoints_skipped: IntCounter::new(
+                "streamstate_checkpoints_skipped_total",
+                "Periodic checkpoints skipped because nothing changed since the previous one (no upload, no transaction).",
+            )?,
+            last_checkpoint_skipped_timestamp: IntGauge::new(
+                "streamstate_last_checkpoint_skipped_timestamp_seconds",
+                "Unix time of the last checkpoint skipped with everything committed.",
+            )?,
+            epochs_in_flight: IntGauge::new(
+                "streamstate_epochs_in_flight",
+                "Open epochs: the one taking records plus those uploading or committing.",
+            )?,
+            producer_pool_waits: IntCounter::new(
+                "streamstate_producer_pool_waits_total",
+                "Checkpoint barriers after which the next epoch waited for a free transactional producer.",
+            )?,
+            producer_pool_wait_seconds: prometheus::Counter::new(
+                "streamstate_producer_pool_wait_seconds_total",
+                "Time the job thread waited for a free transactional producer.",
+            )?,
             started_at: now_secs(),
             registry,
         };
@@ -272,6 +314,16 @@ impl Metrics {
             .register(Box::new(m.transactions_near_timeout.clone()))?;
         m.registry
             .register(Box::new(m.http_connections_refused.clone()))?;
+        m.registry.register(Box::new(m.checkpoint_pause.clone()))?;
+        m.registry
+            .register(Box::new(m.checkpoints_skipped.clone()))?;
+        m.registry
+            .register(Box::new(m.last_checkpoint_skipped_timestamp.clone()))?;
+        m.registry.register(Box::new(m.epochs_in_flight.clone()))?;
+        m.registry
+            .register(Box::new(m.producer_pool_waits.clone()))?;
+        m.registry
+            .register(Box::new(m.producer_pool_wait_seconds.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("streamstate_build_info", "Build of this binary (value 1)."),
             &["version"],
@@ -297,7 +349,11 @@ impl Metrics {
 
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
-        let last = self.last_checkpoint_completed_timestamp.get().max(0) as u64;
+        let last = self
+            .last_checkpoint_completed_timestamp
+            .get()
+            .max(self.last_checkpoint_skipped_timestamp.get())
+            .max(0) as u64;
         self.time_since_last_checkpoint
             .set(now_secs().saturating_sub(if last > 0 { last } else { self.started_at }) as f64);
         let mut buf = Vec::new();

@@ -107,7 +107,13 @@ pub fn open(
     match location {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(dir, app, instance)?)),
         StorageLocation::S3 { bucket, prefix } => {
-            Ok(Box::new(S3Storage::open(bucket, prefix, app, instance)?))
+            Ok(Box::new(S3Storage::open(
+                bucket,
+                prefix,
+                app,
+                instance,
+                config.checkpoint.timeout,
+            )?))
         }
     }
 }

@@ -1,4 +1,8 @@
-//! The transactional Kafka producer: one transaction per checkpoint epoch.
+//! The transactional Kafka producers: a pool, one transaction per checkpoint epoch.
+//!
+//! [`Sink`] is the pool as the job thread sees it (records go to the open epoch's
+//! producer); [`Producer`] is one member, whose begin, offsets, commit and abort the
+//! commit protocol ([`crate::commit`]) drives.
 //!
 //! Errors are sorted the way librdkafka's transactional API asks: retriable ones (a
 //! broker briefly away) are retried until the checkpoint timeout; abortable ones abort
@@ -18,13 +22,14 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use rdkafka::{ClientConfig, TopicPartitionList};
 use tracing::warn;
 
 use crate::checkpoint::CheckpointRef;
 use crate::config::{Config, Guarantee};
 use crate::kafka_log::LogContext;
+use crate::source::{Offsets, offsets_for_commit};
 use crate::transactions::Transactions;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +56,117 @@ pub enum SinkError {
         "{0} output records could not be delivered (at least once): exiting so the restart replays them"
     )]
     Undelivered(u64),
+    #[error("consumer has no group metadata; cannot commit offsets in a transaction")]
+    NoGroupMetadata,
 }
 
+/// The epoch's producers: a pool of transactional producers, one per epoch in flight
+/// (see [`crate::commit`]). Records go to the producer of the open epoch.
 pub struct Sink {
+    slots: Vec<Arc<Producer>>,
+    current: usize,
+}
+
+impl Sink {
+    /// Creates the pool and fences every older holder of its transactional ids.
+    pub fn new(
+        config: &Config,
+        tracker: Arc<Transactions>,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<Self, SinkError> {
+        let group = group.map(Arc::new);
+        let committer = match config.job.guarantee {
+            Guarantee::ExactlyOnce => None,
+            Guarantee::AtLeastOnce => Some(Arc::new(committer(config)?)),
+        };
+        let slots = (0..config.checkpoint.producer_pool_size)
+            .map(|slot| {
+                let p = Producer::unfenced(
+                    config,
+                    config.transactional_id(slot),
+                    tracker.clone(),
+                    group.clone(),
+                    committer.clone(),
+                )?;
+                p.fence(config)?;
+                Ok(Arc::new(p))
+            })
+            .collect::<Result<Vec<_>, SinkError>>()?;
+        Ok(Self { slots, current: 0 })
+    }
+
+    /// Fences transactional ids that are not in the pool (an earlier run's larger pool, or
+    /// the single id used before pools): `init_transactions` with a short-lived producer
+    /// makes the coordinator abort whatever such an id left open.
+    pub fn fence_other_ids(
+        config: &Config,
+        ids: impl IntoIterator<Item = String>,
+    ) -> Result<(), SinkError> {
+        if config.job.guarantee == Guarantee::AtLeastOnce {
+            return Ok(());
+        }
+        let tracker = Arc::new(Transactions::default());
+        // One broker round trip each, so all at once: a first start fences every id a
+        // pool can have.
+        std::thread::scope(|scope| {
+            let fenced: Vec<_> = ids
+                .into_iter()
+                .map(|id| {
+                    let tracker = tracker.clone();
+                    scope.spawn(move || {
+                        Producer::unfenced(config, id, tracker, None, None)?.fence(config)
+                    })
+                })
+                .collect();
+            fenced.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or(Err(SinkError::Kafka(KafkaError::Canceled)))
+            })
+        })
+    }
+
+    pub fn slots(&self) -> &[Arc<Producer>] {
+        &self.slots
+    }
+
+    /// Records from now on go to `slot`'s producer (the open epoch's).
+    pub fn use_slot(&mut self, slot: usize) {
+        self.current = slot;
+    }
+
+    fn producer(&self) -> &Producer {
+        &self.slots[self.current]
+    }
+
+    /// Queues one record; waits for queue space rather than dropping anything.
+    pub fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: Option<OwnedHeaders>,
+    ) -> Result<(), SinkError> {
+        self.producer().send(topic, key, payload, headers)
+    }
+
+    /// Queues one record for an explicit partition with an explicit timestamp: repartition
+    /// mode's forwarded copy (partition = key group, timestamp = the original record's).
+    pub fn send_to_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        payload: &[u8],
+        headers: OwnedHeaders,
+        timestamp_ms: Option<i64>,
+    ) -> Result<(), SinkError> {
+        self.producer()
+            .send_to_partition(topic, partition, key, payload, headers, timestamp_ms)
+    }
+}
+
+/// One transactional producer of the pool: begin, send, offsets, commit, abort.
+pub struct Producer {
     /// Threaded: librdkafka's commit and abort wait for delivery reports, which only a
     /// thread polling the producer can serve while the job thread is inside that call.
     producer: ThreadedProducer<LogContext>,
@@ -62,6 +175,10 @@ pub struct Sink {
     timeout: Duration,
     /// Told of every begin, commit and abort, for `GET /transactions` and the metrics.
     tracker: Arc<Transactions>,
+    /// The source's group, named by the offsets sent into each transaction.
+    group: Option<Arc<ConsumerGroupMetadata>>,
+    /// The checkpoint whose commit ends the open transaction.
+    open: Mutex<Option<CheckpointRef>>,
     /// Set for `guarantee = "at_least_once"`: no transactions.
     at_least_once: Option<AtLeastOnce>,
 }
@@ -69,22 +186,21 @@ pub struct Sink {
 /// What the at-least-once sink needs besides the producer.
 struct AtLeastOnce {
     /// Commits the offsets into the job's consumer group (manual assignment, like the
-    /// source, so it joins no group and moves no partition).
-    committer: BaseConsumer<LogContext>,
+    /// source, so it joins no group and moves no partition); shared by the pool.
+    committer: Arc<BaseConsumer<LogContext>>,
     /// The offsets `send_offsets` was given, committed by the next `commit`.
     pending: Mutex<Option<TopicPartitionList>>,
 }
 
-impl Sink {
-    /// Creates the producer and fences any older instance with the same transactional id.
-    pub fn new(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
-        let sink = Self::unfenced(config, tracker)?;
-        sink.fence(config)?;
-        Ok(sink)
-    }
-
+impl Producer {
     /// The producer, not yet registered with the transaction coordinator (no broker call).
-    fn unfenced(config: &Config, tracker: Arc<Transactions>) -> Result<Self, SinkError> {
+    fn unfenced(
+        config: &Config,
+        transactional_id: String,
+        tracker: Arc<Transactions>,
+        group: Option<Arc<ConsumerGroupMetadata>>,
+        committer: Option<Arc<BaseConsumer<LogContext>>>,
+    ) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         for (k, v) in config
             .kafka
@@ -94,20 +210,19 @@ impl Sink {
         {
             cc.set(k, v);
         }
-        let transactional_id = config.transactional_id();
         cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("linger.ms", "5");
-        let at_least_once = match config.job.guarantee {
-            Guarantee::ExactlyOnce => {
+        let at_least_once = match committer {
+            None => {
                 cc.set("transactional.id", &transactional_id).set(
                     "transaction.timeout.ms",
                     config.kafka.transaction_timeout.as_millis().to_string(),
                 );
                 None
             }
-            Guarantee::AtLeastOnce => Some(AtLeastOnce {
-                committer: committer(config)?,
+            Some(committer) => Some(AtLeastOnce {
+                committer,
                 pending: Mutex::new(None),
             }),
         };
@@ -119,6 +234,8 @@ impl Sink {
             transactional_id,
             timeout: config.checkpoint.timeout,
             tracker,
+            group,
+            open: Mutex::new(None),
             at_least_once,
         })
     }
@@ -141,15 +258,28 @@ impl Sink {
         Ok(())
     }
 
+    pub fn transactional_id(&self) -> &str {
+        &self.transactional_id
+    }
+
+    fn open_checkpoint(&self) -> Option<CheckpointRef> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_open(&self, checkpoint: Option<CheckpointRef>) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = checkpoint;
+    }
+
     /// Opens the transaction that `checkpoint`'s commit will end.
     pub fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
+        self.set_open(Some(checkpoint.clone()));
         if self.at_least_once.is_some() {
             return Ok(());
         }
         self.producer
             .begin_transaction()
             .map_err(|e| self.classify(e))?;
-        self.tracker.begun(checkpoint);
+        self.tracker.begun(&self.transactional_id, checkpoint);
         Ok(())
     }
 
@@ -207,18 +337,17 @@ impl Sink {
         }
     }
 
-    /// Makes the source offsets (naming the checkpoint) part of the open transaction.
-    pub fn send_offsets(
-        &self,
-        offsets: &rdkafka::TopicPartitionList,
-        group: &ConsumerGroupMetadata,
-    ) -> Result<(), SinkError> {
+    /// Makes the source offsets, with metadata naming `checkpoint`, part of the open
+    /// transaction.
+    pub fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
+        let offsets = offsets_for_commit(offsets, checkpoint).map_err(SinkError::Kafka)?;
         if let Some(alo) = &self.at_least_once {
-            *alo.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(offsets.clone());
+            *alo.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(offsets);
             return Ok(());
         }
+        let group = self.group.as_ref().ok_or(SinkError::NoGroupMetadata)?;
         self.retrying("send_offsets_to_transaction", self.bound(), |p, t| {
-            p.send_offsets_to_transaction(offsets, group, t)
+            p.send_offsets_to_transaction(&offsets, group, t)
         })
     }
 
@@ -230,7 +359,10 @@ impl Sink {
                 self.retrying("commit_transaction", self.bound(), |p, t| {
                     p.commit_transaction(t)
                 })?;
-                self.tracker.committed();
+                if let Some(c) = self.open_checkpoint() {
+                    self.tracker.committed(&c);
+                }
+                self.set_open(None);
                 Ok(())
             }
             Some(alo) => self.flush_then_commit_offsets(alo),
@@ -282,7 +414,10 @@ impl Sink {
         self.retrying("abort_transaction", self.bound(), |p, t| {
             p.abort_transaction(t)
         })?;
-        self.tracker.aborted();
+        if let Some(c) = self.open_checkpoint() {
+            self.tracker.aborted(&c);
+        }
+        self.set_open(None);
         Ok(())
     }
 

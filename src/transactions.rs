@@ -33,7 +33,11 @@ pub const STUCK_GRACE: Duration = Duration::from_secs(10);
 /// What `GET /transactions` answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TransactionView {
+    /// The producer of the oldest open transaction (the first of the pool when none is
+    /// open): `<app_id>-<instance>-<slot>`.
     pub transactional_id: String,
+    /// Every producer of the pool, one per epoch in flight at most.
+    pub transactional_ids: Vec<String>,
     /// `init_transactions` calls this process made (1 once started). Each one raised the
     /// broker's producer epoch for the transactional id and fenced every older holder of
     /// it; librdkafka does not expose the epoch number itself (`kafka-transactions.sh
@@ -44,6 +48,9 @@ pub struct TransactionView {
     /// Transactions this process began: the job's epoch counter (epoch `e` writes `T_e`).
     pub transactions_begun: u64,
     pub open: bool,
+    /// Transactions open now: the epoch taking records plus those still uploading or
+    /// committing. The fields below describe the oldest, the one nearest its timeout.
+    pub open_transactions: usize,
     /// Unix ms the open transaction began.
     pub opened_at_ms: Option<u64>,
     pub age_ms: Option<u64>,
@@ -62,20 +69,28 @@ pub struct TransactionView {
 
 #[derive(Debug, Default)]
 struct Inner {
-    transactional_id: String,
+    /// The pool's transactional ids, in slot order.
+    ids: Vec<String>,
     timeout: Duration,
     inits: u64,
     initialized_at_ms: Option<u64>,
     begun: u64,
-    /// Unix ms and checkpoint of the open transaction.
-    open: Option<(u64, CheckpointRef)>,
+    /// Open transactions, oldest first.
+    open: Vec<Open>,
     last_committed: Option<CheckpointRef>,
     committed: u64,
     aborted: u64,
-    /// The open transaction was already warned about.
-    warned: bool,
     /// The transactional call librdkafka holds now.
     call: Option<Call>,
+}
+
+#[derive(Debug)]
+struct Open {
+    at_ms: u64,
+    checkpoint: CheckpointRef,
+    transactional_id: String,
+    /// Already warned about.
+    warned: bool,
 }
 
 #[derive(Debug)]
@@ -151,36 +166,54 @@ impl Transactions {
         f(&mut g)
     }
 
-    /// `init_transactions` returned for `transactional_id`.
+    /// `init_transactions` returned for `transactional_id` (a producer of the pool).
     pub fn initialized(&self, transactional_id: &str, timeout: Duration) {
         self.with(|i| {
-            i.transactional_id = transactional_id.to_string();
+            if !i.ids.iter().any(|id| id == transactional_id) {
+                i.ids.push(transactional_id.to_string());
+            }
             i.timeout = timeout;
             i.inits += 1;
             i.initialized_at_ms = Some(unix_ms());
-            i.open = None;
+            i.open.retain(|o| o.transactional_id != transactional_id);
         });
     }
 
-    pub fn begun(&self, checkpoint: &CheckpointRef) {
+    pub fn begun(&self, transactional_id: &str, checkpoint: &CheckpointRef) {
         self.with(|i| {
             i.begun += 1;
-            i.open = Some((unix_ms(), checkpoint.clone()));
-            i.warned = false;
+            i.open.push(Open {
+                at_ms: unix_ms(),
+                checkpoint: checkpoint.clone(),
+                transactional_id: transactional_id.to_string(),
+                warned: false,
+            });
         });
     }
 
-    pub fn committed(&self) {
+    /// The open transaction of an epoch that has nothing to commit started again: it holds
+    /// no record, so the broker keeps no timer for it either.
+    pub fn renewed(&self, checkpoint: &CheckpointRef) {
+        self.with(|i| {
+            if let Some(o) = i.open.iter_mut().find(|o| &o.checkpoint == checkpoint) {
+                o.at_ms = unix_ms();
+                o.warned = false;
+            }
+        });
+    }
+
+    pub fn committed(&self, checkpoint: &CheckpointRef) {
         self.with(|i| {
             i.committed += 1;
-            i.last_committed = i.open.take().map(|(_, c)| c);
+            i.open.retain(|o| &o.checkpoint != checkpoint);
+            i.last_committed = Some(checkpoint.clone());
         });
     }
 
-    pub fn aborted(&self) {
+    pub fn aborted(&self, checkpoint: &CheckpointRef) {
         self.with(|i| {
             i.aborted += 1;
-            i.open = None;
+            i.open.retain(|o| &o.checkpoint != checkpoint);
         });
     }
 
@@ -218,36 +251,44 @@ impl Transactions {
         })
     }
 
-    /// Age of the open transaction; zero when none is open.
+    /// Age of the oldest open transaction; zero when none is open.
     pub fn open_age(&self) -> Duration {
         self.with(|i| {
-            i.open.as_ref().map_or(Duration::ZERO, |(at, _)| {
-                Duration::from_millis(unix_ms().saturating_sub(*at))
+            i.open.first().map_or(Duration::ZERO, |o| {
+                Duration::from_millis(unix_ms().saturating_sub(o.at_ms))
             })
         })
     }
 
     pub fn view(&self) -> TransactionView {
         let now = unix_ms();
-        self.with(|i| TransactionView {
-            transactional_id: i.transactional_id.clone(),
+        self.with(|i| {
+            let oldest = i.open.first();
+            TransactionView {
+            transactional_id: oldest
+                .map(|o| o.transactional_id.clone())
+                .or_else(|| i.ids.first().cloned())
+                .unwrap_or_default(),
+            transactional_ids: i.ids.clone(),
             producer_inits: i.inits,
             producer_initialized_at_ms: i.initialized_at_ms,
             transactions_begun: i.begun,
-            open: i.open.is_some(),
-            opened_at_ms: i.open.as_ref().map(|(at, _)| *at),
-            age_ms: i.open.as_ref().map(|(at, _)| now.saturating_sub(*at)),
-            checkpoint: i.open.as_ref().map(|(_, c)| c.to_string()),
-            checkpoint_id: i.open.as_ref().map(|(_, c)| c.id),
+            open: oldest.is_some(),
+            open_transactions: i.open.len(),
+            opened_at_ms: oldest.map(|o| o.at_ms),
+            age_ms: oldest.map(|o| now.saturating_sub(o.at_ms)),
+            checkpoint: oldest.map(|o| o.checkpoint.to_string()),
+            checkpoint_id: oldest.map(|o| o.checkpoint.id),
             last_committed_checkpoint: i.last_committed.as_ref().map(ToString::to_string),
             committed: i.committed,
             aborted: i.aborted,
             transaction_timeout_ms: i.timeout.as_millis() as u64,
             warn_after_ms: i.timeout.mul_f64(WARN_FRACTION).as_millis() as u64,
+            }
         })
     }
 
-    /// The warning for the open transaction, the first time its age passes
+    /// The warning for an open transaction, the first time its age passes
     /// [`WARN_FRACTION`] of the timeout; `None` otherwise.
     pub fn check_near_timeout(&self) -> Option<NearTimeout> {
         self.check_at(unix_ms())
@@ -255,17 +296,21 @@ impl Transactions {
 
     fn check_at(&self, now_ms: u64) -> Option<NearTimeout> {
         self.with(|i| {
-            let (at, checkpoint) = i.open.as_ref()?;
-            let age = Duration::from_millis(now_ms.saturating_sub(*at));
-            if i.warned || i.timeout.is_zero() || age < i.timeout.mul_f64(WARN_FRACTION) {
+            let timeout = i.timeout;
+            if timeout.is_zero() {
                 return None;
             }
-            i.warned = true;
+            let o = i.open.iter_mut().find(|o| {
+                !o.warned
+                    && Duration::from_millis(now_ms.saturating_sub(o.at_ms))
+                        >= timeout.mul_f64(WARN_FRACTION)
+            })?;
+            o.warned = true;
             Some(NearTimeout {
-                transactional_id: i.transactional_id.clone(),
-                checkpoint: checkpoint.to_string(),
-                age,
-                timeout: i.timeout,
+                transactional_id: o.transactional_id.clone(),
+                checkpoint: o.checkpoint.to_string(),
+                age: Duration::from_millis(now_ms.saturating_sub(o.at_ms)),
+                timeout,
             })
         })
     }
@@ -295,20 +340,41 @@ mod tests {
             (60_000, 48_000)
         );
         let c1 = CheckpointRef::new(1, "r");
-        t.begun(&c1);
+        t.begun("app-0", &c1);
         let v = t.view();
         assert!(v.open);
         assert_eq!(v.checkpoint_id, Some(1));
         assert_eq!(v.checkpoint.as_deref(), Some(c1.to_string().as_str()));
-        t.committed();
+        t.committed(&c1);
         let v = t.view();
         assert!(!v.open && v.age_ms.is_none());
         assert_eq!(v.last_committed_checkpoint, Some(c1.to_string()));
-        t.begun(&CheckpointRef::new(2, "r"));
-        t.aborted();
+        let c2 = CheckpointRef::new(2, "r");
+        t.begun("app-0", &c2);
+        t.aborted(&c2);
         let v = t.view();
         assert_eq!((v.transactions_begun, v.committed, v.aborted), (2, 1, 1));
         assert_eq!(t.open_age(), Duration::ZERO);
+    }
+
+    #[test]
+    fn view_describes_the_oldest_of_several_open_transactions() {
+        let t = Transactions::default();
+        for id in ["app-0-0", "app-0-1", "app-0-2"] {
+            t.initialized(id, Duration::from_secs(60));
+        }
+        let (c1, c2) = (CheckpointRef::new(1, "r"), CheckpointRef::new(2, "r"));
+        t.begun("app-0-0", &c1);
+        t.begun("app-0-1", &c2);
+        let v = t.view();
+        assert_eq!(v.transactional_ids, vec!["app-0-0", "app-0-1", "app-0-2"]);
+        assert_eq!((v.open_transactions, v.checkpoint_id), (2, Some(1)));
+        assert_eq!(v.transactional_id, "app-0-0");
+        t.committed(&c1);
+        let v = t.view();
+        assert_eq!((v.open_transactions, v.checkpoint_id), (1, Some(2)));
+        assert_eq!(v.transactional_id, "app-0-1");
+        assert_eq!(v.last_committed_checkpoint, Some(c1.to_string()));
     }
 
     #[test]
@@ -350,15 +416,16 @@ mod tests {
         let t = Transactions::default();
         t.initialized("app-0", Duration::from_secs(10));
         assert_eq!(t.check_at(unix_ms() + 60_000), None, "nothing open");
-        t.begun(&CheckpointRef::new(1, "r"));
+        let c1 = CheckpointRef::new(1, "r");
+        t.begun("app-0", &c1);
         let opened = t.view().opened_at_ms.expect("open");
         assert_eq!(t.check_at(opened + 7_999), None);
         let w = t.check_at(opened + 8_000).expect("warning at 80%");
         assert_eq!(w.age, Duration::from_secs(8));
         assert_eq!(w.transactional_id, "app-0");
         assert_eq!(t.check_at(opened + 9_000), None, "once per transaction");
-        t.committed();
-        t.begun(&CheckpointRef::new(2, "r"));
+        t.committed(&c1);
+        t.begun("app-0", &CheckpointRef::new(2, "r"));
         let opened = t.view().opened_at_ms.expect("open");
         assert!(
             t.check_at(opened + 8_500).is_some(),

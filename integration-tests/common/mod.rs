@@ -21,6 +21,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+pub mod proxy;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_streamstate");
 
 pub fn bootstrap() -> String {

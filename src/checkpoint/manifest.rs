@@ -77,6 +77,11 @@ pub struct Manifest {
     /// the state's broadcast state.
     #[serde(default)]
     pub control_offsets: Vec<PartitionOffset>,
+    /// Producers in the pool of the run that wrote this checkpoint, so that a start with
+    /// a smaller pool still fences every transactional id that may hold a transaction.
+    /// `None`: written before pools, by the single id `<app_id>-<instance>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_pool_size: Option<u32>,
     /// The state layer's own description of its files (sizes, SHA-256, key groups).
     pub state: SnapshotResult,
 }

@@ -116,7 +116,13 @@ pub fn open_storage(config: &Config) -> Result<Box<dyn CheckpointStorage>, Check
     {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(&dir, app, instance)?)),
         StorageLocation::S3 { bucket, prefix } => {
-            Ok(Box::new(S3Storage::open(&bucket, &prefix, app, instance)?))
+            Ok(Box::new(S3Storage::open(
+                &bucket,
+                &prefix,
+                app,
+                instance,
+                config.checkpoint.timeout,
+            )?))
         }
     }
 }
@@ -179,6 +185,7 @@ pub(crate) mod suite {
                 offset: 7,
             }],
             control_offsets: vec![],
+            producer_pool_size: Some(3),
             state: SnapshotResult {
                 format_version: 1,
                 checkpoint_id: c.id,

@@ -97,14 +97,23 @@ impl S3Storage {
     /// Opens `s3://<bucket>/<prefix>` for this app and instance with client settings
     /// from the environment. Makes no request: a wrong endpoint or credentials show up
     /// at the first operation, which recovery performs right after start.
+    ///
+    /// Each request's retries end after `retry_timeout` (`checkpoint.timeout`), so a
+    /// store that stays away fails the checkpoint, which the job rewinds, instead of
+    /// holding it for the client's default three minutes.
     pub fn open(
         bucket: &str,
         prefix: &str,
         app_id: &str,
         instance: u32,
+        retry_timeout: std::time::Duration,
     ) -> Result<Self, CheckpointError> {
+        let retry = object_store::RetryConfig {
+            retry_timeout,
+            ..Default::default()
+        };
         Self::with_builder(
-            AmazonS3Builder::from_env(),
+            AmazonS3Builder::from_env().with_retry(retry),
             bucket,
             prefix,
             app_id,

@@ -17,7 +17,6 @@ use crate::config::{Config, parse_storage_url};
 use crate::history::{SavepointRecord, Trigger};
 use crate::requests::{Request, StateAnswer};
 use crate::savepoint::{self, SavepointTarget};
-use crate::sink::SinkError;
 use crate::source::Committed;
 use streamstate_state::StateStore;
 
@@ -42,7 +41,7 @@ impl Job {
                 }
                 Request::Checkpoint { reply } => {
                     fail::fail_point!("admin-checkpoint");
-                    let result = self.checkpoint(Trigger::Manual);
+                    let result = self.checkpoint_and_wait(Trigger::Manual);
                     let answer = match &result {
                         Ok(m) => self
                             .control
@@ -94,12 +93,13 @@ impl Job {
         }
     }
 
-    /// After a checkpoint the loop took for a request: a new transaction, or (when it
-    /// must be aborted) the usual rewind to the last committed checkpoint.
+    /// After a checkpoint the loop took for a request: a new epoch, or (when it must be
+    /// aborted) the usual rewind to the last committed checkpoint.
     fn after_checkpoint(&mut self, result: Result<(), JobError>) -> Result<(), JobError> {
-        self.recover_abortable(|_| result)?;
-        self.begin()?;
-        Ok(())
+        match result {
+            Ok(()) => self.begin(),
+            Err(e) => self.recover(e),
+        }
     }
 
     fn key_state(&self, key: &str) -> Result<StateAnswer, JobError> {
@@ -124,7 +124,7 @@ impl Job {
     /// Commits a checkpoint, then writes the same state with the same offsets as a
     /// savepoint in the canonical format. The caller begins the next transaction.
     fn savepoint(&mut self, target: Option<SavepointTarget>) -> Result<SavepointRecord, JobError> {
-        let checkpoint = self.checkpoint(Trigger::Savepoint)?;
+        let checkpoint = self.checkpoint_and_wait(Trigger::Savepoint)?;
         let config = &self.pipeline.config;
         let location = match target {
             Some(t) => t.location,
@@ -168,14 +168,16 @@ impl Job {
     pub(super) fn shut_down(mut self) -> Result<(), JobError> {
         self.control.ready.store(false, Ordering::SeqCst);
         let stopping = self.stopping.take();
-        let result = match self.checkpoint(Trigger::Shutdown) {
+        let result = match self.checkpoint_and_wait(Trigger::Shutdown) {
             Ok(_) => {
                 info!("final checkpoint committed; shutting down");
                 Ok(())
             }
-            Err(JobError::Sink(SinkError::Abortable(e))) => {
+            Err(e) if super::is_rewindable(&e) => {
                 warn!(error = %e, "final checkpoint aborted; its records are processed again at the next start");
-                self.pipeline.sink.abort().map_err(JobError::from)
+                let aborted = self.epochs.abort().map_err(JobError::from);
+                self.record_aborted(&e);
+                aborted
             }
             Err(e) => Err(e),
         };

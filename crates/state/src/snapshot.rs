@@ -26,6 +26,8 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -141,6 +143,56 @@ fn sha256_file(path: &Path) -> Result<(u64, String)> {
         size += n as u64;
     }
     Ok((size, hex::encode(h.finalize())))
+}
+
+fn is_sst(name: &str) -> bool {
+    name.ends_with(".sst")
+}
+
+/// SHA-256 of snapshot files, remembered for SSTs (immutable once written, so a name and
+/// size seen before need no second read). Shared: the job thread snapshots, the uploader
+/// completes deferred hashes, and both feed the same cache.
+#[derive(Clone, Default)]
+pub struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
+
+impl FileHashes {
+    fn cached(&self, name: &str, full: &Path) -> Result<Option<SnapshotFile>> {
+        if !is_sst(name) {
+            return Ok(None);
+        }
+        let size = std::fs::metadata(full).at(full)?.len();
+        let hit = self.0.lock().get(name).filter(|c| c.0 == size).cloned();
+        Ok(hit.map(|(size, sha256)| SnapshotFile {
+            path: name.to_string(),
+            size,
+            sha256,
+        }))
+    }
+
+    fn hash(&self, name: String, full: &Path) -> Result<SnapshotFile> {
+        let (size, sha256) = sha256_file(full)?;
+        if is_sst(&name) {
+            self.0.lock().insert(name.clone(), (size, sha256.clone()));
+        }
+        Ok(SnapshotFile {
+            path: name,
+            size,
+            sha256,
+        })
+    }
+
+    /// Fills in every hash a deferred snapshot left empty, reading the files under `dir`.
+    pub fn complete(&self, dir: &Path, files: &mut [SnapshotFile]) -> Result<()> {
+        for f in files.iter_mut().filter(|f| f.sha256.is_empty()) {
+            let full = dir.join(&f.path);
+            *f = self.hash(f.path.clone(), &full)?;
+        }
+        Ok(())
+    }
+
+    pub fn clear(&self) {
+        self.0.lock().clear();
+    }
 }
 
 fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<SnapshotFile> {
@@ -278,6 +330,7 @@ impl Inner {
         checkpoint_id: u64,
         dir: &Path,
         canonical: bool,
+        defer: bool,
     ) -> Result<SnapshotResult> {
         std::fs::create_dir_all(dir).at(dir)?;
         let mut files = Vec::new();
@@ -291,27 +344,18 @@ impl Inner {
                 for rel in paths {
                     let name = rel.to_string_lossy().replace('\\', "/");
                     let full = dir.join(&rel);
-                    let is_sst = name.ends_with(".sst");
-                    let size = std::fs::metadata(&full).at(&full)?.len();
-                    let cached = if is_sst {
-                        self.sha_cache.get(&name).filter(|c| c.0 == size).cloned()
-                    } else {
-                        None
-                    };
-                    let (size, sha) = match cached {
-                        Some(c) => c,
-                        None => {
-                            let c = sha256_file(&full)?;
-                            if is_sst {
-                                self.sha_cache.insert(name.clone(), c.clone());
-                            }
-                            c
-                        }
-                    };
-                    files.push(SnapshotFile {
-                        path: name,
-                        size,
-                        sha256: sha,
+                    files.push(match self.sha_cache.cached(&name, &full)? {
+                        Some(f) => f,
+                        // Every file in a checkpoint directory stays as it is (SSTs are
+                        // links to immutable files, the rest are copies), so its hash can
+                        // wait for the uploader (FileHashes::complete) instead of holding
+                        // the job thread.
+                        None if defer => SnapshotFile {
+                            path: name,
+                            size: std::fs::metadata(&full).at(&full)?.len(),
+                            sha256: String::new(),
+                        },
+                        None => self.sha_cache.hash(name, &full)?,
                     });
                 }
                 KeyedFormat::RocksdbCheckpoint
@@ -493,13 +537,28 @@ impl StateStore {
     /// rocksdb: a checkpoint (hard links) plus `state-meta.json`;
     /// hashmap: `keyed.bin` plus `state-meta.json`.
     pub fn snapshot(&self, checkpoint_id: u64, target_dir: &Path) -> Result<SnapshotResult> {
-        self.lock().snapshot_into(checkpoint_id, target_dir, false)
+        self.lock()
+            .snapshot_into(checkpoint_id, target_dir, false, false)
+    }
+
+    /// [`StateStore::snapshot`] without hashing the SST files not seen before: their
+    /// `sha256` is left empty for [`FileHashes::complete`] (from [`StateStore::file_hashes`])
+    /// to fill in off the job thread. RocksDB checkpoints are hard links of immutable
+    /// files, so what is hashed later is what was snapshotted now.
+    pub fn snapshot_deferred(&self, checkpoint_id: u64, target_dir: &Path) -> Result<SnapshotResult> {
+        self.lock()
+            .snapshot_into(checkpoint_id, target_dir, false, true)
+    }
+
+    /// The store's cache of SST hashes, shared with whoever completes deferred snapshots.
+    pub fn file_hashes(&self) -> FileHashes {
+        self.lock().sha_cache.clone()
     }
 
     /// Writes a savepoint in the canonical, backend-neutral format, with
     /// `savepoint.json` describing it.
     pub fn write_savepoint(&self, savepoint_id: u64, dir: &Path) -> Result<SnapshotResult> {
-        let result = self.lock().snapshot_into(savepoint_id, dir, true)?;
+        let result = self.lock().snapshot_into(savepoint_id, dir, true, false)?;
         let path = dir.join(SAVEPOINT_MANIFEST);
         let json =
             serde_json::to_vec_pretty(&result).map_err(|e| StateError::Invalid(e.to_string()))?;

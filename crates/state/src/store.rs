@@ -100,7 +100,7 @@ pub(crate) struct Inner {
     pub cursor: Vec<u8>,
     /// SHA-256 of immutable SST files by name and size: an incremental
     /// snapshot hashes only the new ones.
-    pub sha_cache: HashMap<String, (u64, String)>,
+    pub sha_cache: crate::snapshot::FileHashes,
     pub generation: u64,
     /// JSON decoders by state name, from the descriptor's type at registration
     /// (see [`crate::inspect`]); names survive restores, so decoders do too.
@@ -211,7 +211,7 @@ impl StateStore {
                 restored: false,
                 incremental: None,
                 cursor: Vec::new(),
-                sha_cache: HashMap::new(),
+                sha_cache: crate::snapshot::FileHashes::default(),
                 generation: 0,
                 decoders: HashMap::new(),
                 ttl_expired: 0,

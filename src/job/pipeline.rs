@@ -1,0 +1,302 @@
+//! Record routing: each consumed record to the process function, the control topic's to
+//! the rules, repartition mode's to the internal topic, and bad ones to the dead-letter
+//! topic, all inside the open epoch's transaction.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
+use tracing::{info, warn};
+
+use super::JobError;
+use crate::config::{Config, FunctionKind};
+use crate::control::{RuleOutcome, Rules};
+use crate::decode::Decoder;
+use crate::driver::Driver;
+use crate::function::{BroadcastUpdate, OutputRecord, SourceRef};
+use crate::metrics::Metrics;
+use crate::repartition;
+use crate::sink::Sink;
+use crate::source::Offsets;
+
+/// Everything downstream of the consumer; split from [`super::Job`] so a message borrowed from
+/// the consumer can be handled without copying it.
+pub(super) struct Pipeline {
+    pub(super) config: Config,
+    pub(super) metrics: Metrics,
+    pub(super) decoder: Decoder,
+    /// The producer pool; records go to the open epoch's producer.
+    pub(super) sink: Sink,
+    pub(super) state: Driver,
+    pub(super) offsets: Offsets,
+    /// Present when `kafka.control_topic` is set.
+    pub(super) rules: Option<Rules>,
+    pub(super) control_offsets: Offsets,
+    /// Repartition mode: the internal topic (hop 2 reads it; every other input is hop 1).
+    pub(super) repartition: Option<String>,
+    /// Records handled since start (input and control): with the timers fired, what
+    /// tells a barrier whether anything changed since the last one.
+    pub(super) handled: u64,
+}
+
+impl Pipeline {
+    pub(super) fn handle(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        self.handled += 1;
+        let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+        if self.config.kafka.control_topic.as_deref() == Some(topic) {
+            self.handle_control(msg)?;
+            self.control_offsets
+                .insert((topic.to_string(), partition), offset + 1);
+            return Ok(());
+        }
+        let partition_label = partition.to_string();
+        self.metrics
+            .records_consumed
+            .with_label_values(&[topic, &partition_label])
+            .inc();
+        if self.config.job.function == FunctionKind::Passthrough {
+            self.pass_through(msg)?;
+            self.offsets
+                .insert((topic.to_string(), partition), offset + 1);
+            return Ok(());
+        }
+        let read_from = (topic.to_string(), partition);
+        let hop2 = self.repartition.as_deref() == Some(topic);
+        // A forwarded record names its original input, so functions and dead letters see
+        // where it was first written, not the internal topic.
+        let source = hop2
+            .then(|| repartition::origin(msg.headers()))
+            .flatten()
+            .unwrap_or_else(|| SourceRef {
+                topic: topic.to_string(),
+                partition,
+                offset,
+            });
+        match self.decoder.decode(msg.payload()) {
+            Ok(event) if self.repartition.is_some() && !hop2 => {
+                self.forward(msg, &event.key, &source)?;
+            }
+            Ok(event) => {
+                let (records, rejection) = self.state.element_from(
+                    &read_from,
+                    &event.key,
+                    &event.value,
+                    event.timestamp_ms,
+                    &source,
+                )?;
+                self.send(records)?;
+                if let Some(r) = rejection {
+                    self.dead_letter(msg, &source, r.reason, &r.message)?;
+                    self.metrics
+                        .records_dead_lettered
+                        .with_label_values(&[topic, &partition_label, r.reason])
+                        .inc();
+                }
+            }
+            Err(err) => {
+                self.dead_letter(msg, &source, err.reason(), &err.to_string())?;
+                self.metrics
+                    .records_dead_lettered
+                    .with_label_values(&[topic, &partition_label, err.reason()])
+                    .inc();
+            }
+        }
+        self.offsets
+            .insert((topic.to_string(), partition), offset + 1);
+        crash_point!("mid-batch");
+        Ok(())
+    }
+
+    /// A control record: the runtime checks the version, the function accepts or refuses
+    /// the update, and only an accepted one is put in force.
+    fn handle_control(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        let Some(rules) = &self.rules else {
+            return Ok(());
+        };
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let from = SourceRef {
+            topic: msg.topic().to_string(),
+            partition,
+            offset,
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let outcome = match rules.prepare(msg.key(), msg.payload(), partition, offset, now_ms)? {
+            Err(outcome) => outcome,
+            Ok(candidate) => {
+                let update = BroadcastUpdate {
+                    id: &candidate.id,
+                    version: candidate.version(),
+                    body: candidate.body.as_ref(),
+                    source: &from,
+                };
+                let (records, refused) = self.state.broadcast(&update)?;
+                match refused {
+                    Some(r) => {
+                        let version = candidate.version();
+                        RuleOutcome::Refused {
+                            id: candidate.id,
+                            version,
+                            reason: r.reason,
+                            message: r.message,
+                        }
+                    }
+                    None => {
+                        self.send(records)?;
+                        rules.commit(candidate)?
+                    }
+                }
+            }
+        };
+        let label = match &outcome {
+            RuleOutcome::Applied { id, version } => {
+                info!(rule = %id, version, "rule applied");
+                "applied"
+            }
+            RuleOutcome::Deleted { id } => {
+                info!(rule = %id, "rule deleted");
+                "deleted"
+            }
+            RuleOutcome::Ignored {
+                id,
+                version,
+                applied,
+            } => {
+                info!(rule = %id, version, applied, "rule update ignored: not newer than the applied version");
+                "ignored"
+            }
+            RuleOutcome::Rejected(why) => {
+                warn!(partition, offset, reason = why.reason(), error = %why, "rule rejected; the last good version stays");
+                self.dead_letter(msg, &from, why.reason(), &why.to_string())?;
+                "rejected"
+            }
+            RuleOutcome::Refused {
+                id,
+                version,
+                reason,
+                message,
+            } => {
+                warn!(rule = %id, version, reason, error = %message, "rule rejected; the last good version stays");
+                self.dead_letter(msg, &from, reason, message)?;
+                "rejected"
+            }
+        };
+        self.metrics.rule_updates.with_label_values(&[label]).inc();
+        self.metrics.rules_active.set(rules.active() as i64);
+        Ok(())
+    }
+
+    /// Hop 1 of repartition mode: the original bytes, headers and timestamp go to the
+    /// internal partition of the key's key group, in the epoch's transaction.
+    fn forward(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        key: &str,
+        source: &SourceRef,
+    ) -> Result<(), JobError> {
+        let Some(internal) = &self.repartition else {
+            return Ok(());
+        };
+        let key_group =
+            streamstate_state::key_group_for(key.as_bytes(), self.state.store().max_parallelism());
+        self.sink.send_to_partition(
+            internal,
+            key_group as i32,
+            key.as_bytes(),
+            msg.payload().unwrap_or_default(),
+            repartition::forward_headers(msg.headers(), source),
+            msg.timestamp().to_millis(),
+        )?;
+        self.metrics
+            .records_produced
+            .with_label_values(&[internal])
+            .inc();
+        Ok(())
+    }
+
+    /// Timers that came due (processing time now, event time up to the watermark).
+    pub(super) fn fire_timers(&mut self) -> Result<(), JobError> {
+        let records = self.state.fire_timers()?;
+        self.send(records)
+    }
+
+    fn send(&self, records: Vec<OutputRecord>) -> Result<(), JobError> {
+        for r in records {
+            let topic = r
+                .topic
+                .as_deref()
+                .unwrap_or(&self.config.kafka.output_topic);
+            self.sink.send(topic, r.key.as_deref(), &r.value, None)?;
+            self.metrics
+                .records_produced
+                .with_label_values(&[topic])
+                .inc();
+        }
+        Ok(())
+    }
+
+    /// `[job] function = "passthrough"`: the record's key and value, unchanged, to the
+    /// output topic in the current transaction (see [`crate::functions::passthrough`]).
+    fn pass_through(&self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        let topic = &self.config.kafka.output_topic;
+        self.sink
+            .send(topic, msg.key(), msg.payload().unwrap_or_default(), None)?;
+        self.metrics
+            .records_produced
+            .with_label_values(&[topic])
+            .inc();
+        Ok(())
+    }
+
+    /// The original bytes go to the dead-letter topic unchanged, with why and where from
+    /// in headers, inside the current transaction: exactly once, like any output.
+    /// `source` is where the record was first written (for a forwarded one, not the
+    /// internal topic).
+    fn dead_letter(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        source: &SourceRef,
+        reason: &str,
+        detail: &str,
+    ) -> Result<(), JobError> {
+        let (partition, offset) = (source.partition.to_string(), source.offset.to_string());
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "streamstate.error.reason",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "streamstate.error.message",
+                value: Some(detail),
+            })
+            .insert(Header {
+                key: "streamstate.source.topic",
+                value: Some(source.topic.as_str()),
+            })
+            .insert(Header {
+                key: "streamstate.source.partition",
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: "streamstate.source.offset",
+                value: Some(offset.as_str()),
+            });
+        // An over-size record is cut to the limit so the dead-letter write itself cannot
+        // fail; the whole record stays in the input topic at the offset in the headers.
+        let payload = msg.payload().unwrap_or_default();
+        let size = payload.len().to_string();
+        let headers = headers.insert(Header {
+            key: "streamstate.source.size",
+            value: Some(size.as_str()),
+        });
+        let payload = &payload[..payload.len().min(self.config.dead_letter_max_bytes())];
+        self.sink.send(
+            &self.config.kafka.dead_letter_topic,
+            msg.key(),
+            payload,
+            Some(headers),
+        )?;
+        Ok(())
+    }
+}
