@@ -20,13 +20,6 @@ fn count_rule(version: u64) -> String {
     )
 }
 
-fn rules_job(name: &str, partitions: i32, extra: &str) -> Job {
-    let mut job = Job::new(name, partitions);
-    job.function = "rules";
-    job.write_config("300ms", extra);
-    job
-}
-
 /// Next offset per input partition: everything produced from now on is at or above it.
 fn input_ends(job: &Job) -> BTreeMap<i32, i64> {
     let c = consumer(None, false);
@@ -179,19 +172,10 @@ fn timed_events(n: usize, seed: u64) -> Vec<(Option<String>, Vec<u8>)> {
 
 #[test]
 fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_crashes() {
-    let kills: usize = std::env::var("STREAMSTATE_TEST_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
-        .min(8);
+    let kills = kills_from_env(8);
     let job = rules_job("rule-eo", 4, "");
     // Event time, so the reference model can say which window every event is in.
-    let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace(
-        "function = \"rules\"",
-        "function = \"rules\"\ntimestamp = \"/ts\"\nmax_out_of_orderness = \"200ms\"",
-    );
-    std::fs::write(job.config_path(), config).expect("config");
+    use_event_time(&job, "200ms");
     produce_rules(
         &job.control,
         &[
@@ -213,21 +197,9 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
     let mut evs = timed_events(600 * kills.max(5), 3);
     // The last 30% go in one chunk per failpoint crash below.
     let tail = evs.split_off(evs.len() * 7 / 10);
-    let input = job.input.clone();
-    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_500)));
-    let mut rng = rand::rng();
     let started = Instant::now();
-    for _ in 0..kills {
-        let mut service = job.spawn();
-        let until = Instant::now() + Duration::from_millis(rng.random_range(300..2_500));
-        // The kill moment is the schedule of this test, not a wait for a condition.
-        while Instant::now() < until {
-            service.assert_running();
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        service.sigkill();
-    }
-    feeder.join().expect("feeder");
+    feed_under_sigkills(&job, evs, 1_500, kills);
+    let mut rng = rand::rng();
     // Then a crash at each step of the commit protocol, with the rules' state in flight.
     let failpoints = [
         "mid-batch",

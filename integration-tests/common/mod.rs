@@ -1184,3 +1184,76 @@ pub fn independent_check(job: &Job, opts: &CheckerOptions) -> serde_json::Value 
     );
     report
 }
+
+// ---------------------------------------------------------------- rule-engine jobs
+
+/// A job running the built-in rule engine, checkpointing every 300 ms.
+pub fn rules_job(name: &str, partitions: i32, extra: &str) -> Job {
+    let mut job = Job::new(name, partitions);
+    job.function = "rules";
+    job.write_config("300ms", extra);
+    job
+}
+
+/// Switches a written config to event time: `[job] timestamp = "/ts"` with the given
+/// `max_out_of_orderness` (a humantime value).
+pub fn use_event_time(job: &Job, max_out_of_orderness: &str) {
+    let config = std::fs::read_to_string(job.config_path()).expect("config");
+    let config = config.replacen(
+        &format!("function = \"{}\"", job.function),
+        &format!(
+            "function = \"{}\"\ntimestamp = \"/ts\"\nmax_out_of_orderness = \"{max_out_of_orderness}\"",
+            job.function
+        ),
+        1,
+    );
+    std::fs::write(job.config_path(), config).expect("config");
+}
+
+/// `STREAMSTATE_TEST_KILLS` (default 20), at most `max`.
+pub fn kills_from_env(max: usize) -> usize {
+    std::env::var("STREAMSTATE_TEST_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+        .min(max)
+}
+
+/// Feeds `evs` to the input at `per_second` from a thread while the service is started
+/// and SIGKILLed `kills` times, each after a random 0.3–2.5 s; returns when the feeder
+/// is done (the service is then not running).
+pub fn feed_under_sigkills(
+    job: &Job,
+    evs: Vec<(Option<String>, Vec<u8>)>,
+    per_second: u64,
+    kills: usize,
+) {
+    let input = job.input.clone();
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(per_second)));
+    let mut rng = rand::rng();
+    for _ in 0..kills {
+        let mut service = job.spawn();
+        let until = Instant::now() + Duration::from_millis(rng.random_range(300..2_500));
+        // The kill moment is the schedule of the test, not a wait for a condition.
+        while Instant::now() < until {
+            service.assert_running();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        service.sigkill();
+    }
+    feeder.join().expect("feeder");
+}
+
+/// Produces one record to an explicit partition (e.g. one end-of-input marker each).
+pub fn produce_to_partition(topic: &str, partition: i32, key: &str, payload: &[u8]) {
+    let p = producer();
+    p.send(
+        BaseRecord::<str, [u8]>::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(payload),
+    )
+    .map_err(|(e, _)| e)
+    .expect("queue record");
+    flush(&p);
+}

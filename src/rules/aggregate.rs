@@ -105,15 +105,63 @@ impl Input {
 }
 
 /// Adds a distinct_count value to `map` (current namespace); true when it is new.
-fn add_distinct(map: &MapState<String, bool>, input: &Input) -> Result<bool, FunctionError> {
+/// A grouped rule's values are `<group JSON text> NUL <value JSON text>` (JSON text
+/// never holds a raw NUL), so one map serves every group of the window.
+fn add_distinct(
+    map: &MapState<String, bool>,
+    input: &Input,
+    group: Option<&Group<'_>>,
+) -> Result<bool, FunctionError> {
     let Input::Distinct(k) = input else {
         return Ok(false);
+    };
+    let composite;
+    let k = match group {
+        None => k,
+        Some(g) => {
+            composite = format!("{}\0{k}", g.text);
+            &composite
+        }
     };
     if map.contains(k)? {
         return Ok(false);
     }
     map.put(k, &true)?;
     Ok(true)
+}
+
+/// The `group_by` value of the event at hand.
+pub(crate) struct Group<'a> {
+    /// Its JSON text: the key in the groups map.
+    text: String,
+    value: &'a Value,
+}
+
+/// The output's `group` field: `{"field": <group_by>, "value": <the group's value>}`.
+fn group_field(a: &AggregateSpec, value: Value) -> (&'static str, Field<'static>) {
+    let field = a.group_by.as_ref().map_or("", |p| p.as_str());
+    (
+        "group",
+        Field::Value(json!({"field": field, "value": value})),
+    )
+}
+
+/// The accumulator of `group` in `groups` (current namespace); `None` when the group is
+/// new and the key already has `max_groups` groups (the event is then skipped, counted).
+fn group_acc(
+    env: &Env<'_, '_>,
+    groups: &MapState<String, Acc>,
+    a: &AggregateSpec,
+    group: &Group<'_>,
+) -> Result<Option<Acc>, FunctionError> {
+    if let Some(acc) = groups.get(&group.text)? {
+        return Ok(Some(acc));
+    }
+    if groups.keys()?.len() >= a.max_groups as usize {
+        env.metrics.group_overflow.inc();
+        return Ok(None);
+    }
+    Ok(Some(Acc::default()))
 }
 
 /// Whether an event-driven output is due after the event updated `acc` (value `value`).
@@ -165,12 +213,29 @@ pub(crate) fn on_event(
             return Ok(());
         }
     };
+    let group = match &a.group_by {
+        None => None,
+        Some(p) => match p.resolve(ev.value) {
+            Some(v) => Some(Group {
+                text: v.to_string(),
+                value: v,
+            }),
+            None => {
+                env.eval_error("group_missing");
+                return Ok(());
+            }
+        },
+    };
     let ts = ev.timestamp_ms as i64;
+    if let (Some(g), WindowSpec::Running) = (&group, a.window) {
+        return add_to_running_group(env, st, rule, a, ev, &input, g, out);
+    }
+    let group = group.as_ref();
     match a.window {
         WindowSpec::Running => {
             env.set_namespace(&namespace(&rule.id, rule.version, window::RUNNING, None));
             let mut acc = st.run_acc.value()?.unwrap_or_default();
-            let new = add_distinct(&st.run_distinct, &input)?;
+            let new = add_distinct(&st.run_distinct, &input, None)?;
             acc.add(input.number(), new);
             let value = acc.value(a.func);
             let fire = per_event(a, &mut acc, &value, false);
@@ -196,13 +261,14 @@ pub(crate) fn on_event(
             a,
             ev,
             &input,
+            group,
             window::tumbling_start(ts, size),
             size,
             out,
         ),
         WindowSpec::Sliding { size, slide } => {
             for start in window::sliding_starts(ts, size, slide) {
-                add_to_window(env, st, rule, a, ev, &input, start, size, out)?;
+                add_to_window(env, st, rule, a, ev, &input, group, start, size, out)?;
             }
             Ok(())
         }
@@ -218,6 +284,7 @@ fn add_to_window(
     a: &AggregateSpec,
     ev: &Event<'_>,
     input: &Input,
+    group: Option<&Group<'_>>,
     start: i64,
     size: u64,
     out: &mut Output,
@@ -236,17 +303,30 @@ fn add_to_window(
         window::WINDOW,
         Some(start),
     ));
-    let mut acc = st.win_acc.value()?.unwrap_or_default();
+    let mut acc = match group {
+        None => st.win_acc.value()?.unwrap_or_default(),
+        Some(g) => match group_acc(env, &st.win_groups, a, g)? {
+            Some(acc) => acc,
+            None => return Ok(()),
+        },
+    };
     if acc.count == 0 {
         env.register_timer(fires_at)?;
     }
-    let new = add_distinct(&st.win_distinct, input)?;
+    let new = add_distinct(&st.win_distinct, input, group)?;
     acc.add(input.number(), new);
     let value = acc.value(a.func);
     let fire = per_event(a, &mut acc, &value, true);
-    st.win_acc.update(&acc)?;
+    match group {
+        None => st.win_acc.update(&acc)?,
+        Some(g) => st.win_groups.put(&g.text, &acc)?,
+    }
     if fire {
         let w = Some(WindowRef { start, end });
+        let mut more = extra(a, &acc, "event");
+        if let Some(g) = group {
+            more.push(group_field(a, g.value.clone()));
+        }
         let r = record(
             rule,
             ev.key,
@@ -254,7 +334,45 @@ fn add_to_window(
             w,
             Some(ev.source),
             ev.timestamp_ms,
-            extra(a, &acc, "event"),
+            more,
+        );
+        env.emit(out, rule, ev.key, &r)?;
+    }
+    Ok(())
+}
+
+/// A running aggregate per group (namespace: the rule version's running namespace).
+#[allow(clippy::too_many_arguments)]
+fn add_to_running_group(
+    env: &Env<'_, '_>,
+    st: &States,
+    rule: &Rule,
+    a: &AggregateSpec,
+    ev: &Event<'_>,
+    input: &Input,
+    group: &Group<'_>,
+    out: &mut Output,
+) -> Result<(), FunctionError> {
+    env.set_namespace(&namespace(&rule.id, rule.version, window::RUNNING, None));
+    let Some(mut acc) = group_acc(env, &st.run_groups, a, group)? else {
+        return Ok(());
+    };
+    let new = add_distinct(&st.run_distinct, input, Some(group))?;
+    acc.add(input.number(), new);
+    let value = acc.value(a.func);
+    let fire = per_event(a, &mut acc, &value, false);
+    st.run_groups.put(&group.text, &acc)?;
+    if fire {
+        let mut more = extra(a, &acc, "event");
+        more.push(group_field(a, group.value.clone()));
+        let r = record(
+            rule,
+            ev.key,
+            value,
+            None,
+            Some(ev.source),
+            ev.timestamp_ms,
+            more,
         );
         env.emit(out, rule, ev.key, &r)?;
     }
@@ -281,6 +399,30 @@ pub(crate) fn on_window_timer(
         WindowSpec::Sliding { size, slide } => (size, slide),
         _ => return Ok(()),
     };
+    if a.group_by.is_some() {
+        let mut groups = st.win_groups.entries()?;
+        st.win_groups.clear()?;
+        if a.emit != Emit::OnWindowClose {
+            return Ok(());
+        }
+        // One output per group, in the order of the groups' JSON text.
+        groups.sort_by(|x, y| x.0.cmp(&y.0));
+        let w = Some(WindowRef {
+            start,
+            end: start + size as i64,
+        });
+        for (text, acc) in groups {
+            let value = acc.value(a.func);
+            if a.having.as_ref().is_none_or(|h| h.eval(&value)) {
+                let group: Value = serde_json::from_str(&text)?;
+                let mut more = extra(a, &acc, "window_close");
+                more.push(group_field(a, group));
+                let r = record(rule, key, value, w, None, timer_ms, more);
+                env.emit(out, rule, key, &r)?;
+            }
+        }
+        return Ok(());
+    }
     let Some(acc) = acc else { return Ok(()) };
     if a.emit != Emit::OnWindowClose {
         return Ok(());
@@ -399,7 +541,7 @@ fn add_to_session(
     if merged && matches!(input, Input::Distinct(_)) {
         target.acc.distinct = st.win_distinct.keys()?.len() as u64;
     }
-    let new = add_distinct(&st.win_distinct, input)?;
+    let new = add_distinct(&st.win_distinct, input, None)?;
     target.acc.add(input.number(), new);
     let value = target.acc.value(a.func);
     let fire = per_event(a, &mut target.acc, &value, true);

@@ -18,6 +18,11 @@ pub struct RuleMetrics {
     pub evaluation_errors: IntCounterVec,
     /// Event-time windows an event could not join because the watermark had closed them.
     pub late_windows: IntCounter,
+    /// Event-time sequence events evaluated before the watermark passed them because
+    /// their key's buffer was full.
+    pub sequence_early: IntCounter,
+    /// Events a `group_by` aggregate skipped because their key had `max_groups` groups.
+    pub group_overflow: IntCounter,
     /// Events that passed a rule's filter, by rule id: what `GET /rules` shows as
     /// `matches`, and how a shadow rule is judged before it may emit.
     pub rule_matches: IntCounterVec,
@@ -72,6 +77,14 @@ impl RuleMetrics {
                 "streamstate_rule_late_window_events_total",
                 "Event-time windows an event missed because the watermark had already closed them.",
             )?,
+            sequence_early: IntCounter::new(
+                "streamstate_rule_sequence_early_evaluations_total",
+                "Event-time sequence events evaluated before the watermark passed them (the key's buffer was full).",
+            )?,
+            group_overflow: IntCounter::new(
+                "streamstate_rule_group_overflow_events_total",
+                "Events a group_by aggregate skipped because their key already had max_groups groups.",
+            )?,
             rule_matches: IntCounterVec::new(
                 Opts::new(
                     RULE_MATCHES,
@@ -104,12 +117,14 @@ impl RuleMetrics {
     /// the metrics work but are not exported.
     pub fn new(registry: &Registry) -> Self {
         let m = Self::build().expect("static metric definitions are valid");
-        let all: [Box<dyn prometheus::core::Collector>; 7] = [
+        let all: [Box<dyn prometheus::core::Collector>; 9] = [
             Box::new(m.matches.clone()),
             Box::new(m.outputs.clone()),
             Box::new(m.dedup_dropped.clone()),
             Box::new(m.evaluation_errors.clone()),
             Box::new(m.late_windows.clone()),
+            Box::new(m.sequence_early.clone()),
+            Box::new(m.group_overflow.clone()),
             Box::new(m.rule_matches.clone()),
             Box::new(m.shadow_suppressed.clone()),
         ];

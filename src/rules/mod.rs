@@ -48,7 +48,7 @@ use crate::metrics::Metrics;
 use self::aggregate::{Acc, Sessions};
 use self::anomaly::ModelState;
 use self::metrics::{RuleCounters, RuleMetrics};
-use self::sequence::Partial;
+use self::sequence::{Buffered, Partial};
 use self::spec::{Kind, Rule};
 
 /// What the engine needs from the job's configuration.
@@ -74,6 +74,14 @@ pub(crate) struct States {
     /// compare: the last closed window values of a key, `(window start, value)`.
     pub history: ValueState<Vec<(i64, f64)>>,
     pub sequence: ValueState<Vec<Partial>>,
+    /// Event-time sequences: events waiting for the watermark, by timestamp.
+    pub seq_buffer: MapState<u64, Vec<Buffered>>,
+    /// How many events `seq_buffer` holds (for its bound).
+    pub seq_buffered: ValueState<u64>,
+    /// `group_by` accumulators of a window, by the group value's JSON text.
+    pub win_groups: MapState<String, Acc>,
+    /// `group_by` accumulators of a running aggregate.
+    pub run_groups: MapState<String, Acc>,
     pub anomaly: ValueState<ModelState>,
     /// Dedup maps, one state per TTL (a state's TTL is fixed by its descriptor).
     dedup: HashMap<u64, MapState<String, u64>>,
@@ -89,6 +97,10 @@ struct Descriptors {
     sessions: ValueStateDescriptor<Sessions>,
     history: ValueStateDescriptor<Vec<(i64, f64)>>,
     sequence: ValueStateDescriptor<Vec<Partial>>,
+    seq_buffer: MapStateDescriptor<u64, Vec<Buffered>>,
+    seq_buffered: ValueStateDescriptor<u64>,
+    win_groups: MapStateDescriptor<String, Acc>,
+    run_groups: MapStateDescriptor<String, Acc>,
     anomaly: ValueStateDescriptor<ModelState>,
 }
 
@@ -120,8 +132,10 @@ impl Descriptors {
         }
         let mut run_distinct =
             MapStateDescriptor::new(ttl_name("rules.running.distinct", state_ttl));
+        let mut run_groups = MapStateDescriptor::new(ttl_name("rules.running.groups", state_ttl));
         if let Some(t) = state_ttl {
             run_distinct = run_distinct.with_ttl(ttl_config(t));
+            run_groups = run_groups.with_ttl(ttl_config(t));
         }
         Self {
             win_acc: ValueStateDescriptor::new("rules.window.acc"),
@@ -131,6 +145,11 @@ impl Descriptors {
             sessions: ValueStateDescriptor::new("rules.sessions"),
             history: value("rules.compare.history", state_ttl),
             sequence: value("rules.sequence", state_ttl),
+            // No TTL: buffered events leave when the watermark passes them, never by age.
+            seq_buffer: MapStateDescriptor::new("rules.sequence.buffer"),
+            seq_buffered: ValueStateDescriptor::new("rules.sequence.buffered"),
+            win_groups: MapStateDescriptor::new("rules.window.groups"),
+            run_groups,
             anomaly: value("rules.anomaly", state_ttl),
         }
     }
@@ -144,6 +163,10 @@ impl Descriptors {
             self.sessions.declaration(),
             self.history.declaration(),
             self.sequence.declaration(),
+            self.seq_buffer.declaration(),
+            self.seq_buffered.declaration(),
+            self.win_groups.declaration(),
+            self.run_groups.declaration(),
             self.anomaly.declaration(),
         ]
     }
@@ -161,6 +184,10 @@ impl States {
             sessions: ctx.value_state(&d.sessions)?,
             history: ctx.value_state(&d.history)?,
             sequence: ctx.value_state(&d.sequence)?,
+            seq_buffer: ctx.map_state(&d.seq_buffer)?,
+            seq_buffered: ctx.value_state(&d.seq_buffered)?,
+            win_groups: ctx.map_state(&d.win_groups)?,
+            run_groups: ctx.map_state(&d.run_groups)?,
             anomaly: ctx.value_state(&d.anomaly)?,
             dedup: HashMap::new(),
         })
@@ -437,16 +464,17 @@ impl ProcessFunction for RuleEngine {
                 aggregate::on_session_timer(&env, states, rule, a, &key, timer.timestamp_ms, out)
             }
             (Some((rule, Kind::Sequence(s))), window::SEQUENCE) => {
-                sequence::on_timer(&env, states, rule, s, timer.timestamp_ms)
+                sequence::on_timer(&env, states, rule, s, &key, timer.timestamp_ms, out)
             }
             // The rule was deleted or replaced: its state is never read again; drop what the
             // timer scoped, emit nothing.
             (_, window::WINDOW) => {
                 states.win_acc.clear()?;
+                states.win_groups.clear()?;
                 Ok(states.win_distinct.clear()?)
             }
             (_, window::SESSIONS) => aggregate::drop_sessions(&env, states, timer.namespace),
-            (_, window::SEQUENCE) => Ok(states.sequence.clear()?),
+            (_, window::SEQUENCE) => sequence::drop_state(states),
             _ => Ok(()),
         }
     }

@@ -35,6 +35,9 @@ pub const MAX_SEQUENCE_STEPS: usize = 32;
 pub const MAX_WINDOWS_PER_EVENT: u64 = 100;
 /// Most closed windows kept per key for `compare`.
 pub const MAX_WINDOWS_BACK: u32 = 1000;
+/// Default and largest bound on the groups one key keeps for a `group_by` aggregate.
+pub const DEFAULT_MAX_GROUPS: u32 = 100;
+pub const MAX_GROUPS: u32 = 10_000;
 /// Longest duration accepted anywhere (400 days).
 pub const MAX_DURATION: Duration = Duration::from_secs(400 * 24 * 3600);
 
@@ -93,6 +96,10 @@ struct RawAggregate {
     emit: Option<String>,
     #[serde(default)]
     compare: Option<RawCompare>,
+    #[serde(default)]
+    group_by: Option<String>,
+    #[serde(default)]
+    max_groups: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,6 +250,10 @@ pub struct AggregateSpec {
     pub having: Option<Predicate>,
     pub emit: Emit,
     pub compare: Option<CompareSpec>,
+    /// `group_by`: one aggregate per distinct value of this field inside the key.
+    pub group_by: Option<Pointer>,
+    /// Most groups per key (and window); an event of a further group is skipped.
+    pub max_groups: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -507,6 +518,41 @@ fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, Rule
             })
         }
     };
+    let group_by = a
+        .group_by
+        .as_deref()
+        .map(|g| Pointer::parse(g, "aggregate.group_by"))
+        .transpose()?;
+    if group_by.is_some() {
+        if matches!(window, WindowSpec::Session { .. }) {
+            return Err(RuleError::new(
+                reason::BAD_WINDOW,
+                "aggregate.group_by: not supported with session windows",
+            ));
+        }
+        if compare.is_some() {
+            return Err(RuleError::new(
+                reason::INVALID,
+                "aggregate.group_by: not supported with compare",
+            ));
+        }
+    }
+    let max_groups = match (a.max_groups, &group_by) {
+        (None, _) => DEFAULT_MAX_GROUPS,
+        (Some(_), None) => {
+            return Err(RuleError::new(
+                reason::INVALID,
+                "aggregate.max_groups: only with group_by",
+            ));
+        }
+        (Some(n), Some(_)) if n == 0 || n > MAX_GROUPS => {
+            return Err(RuleError::new(
+                reason::TOO_COMPLEX,
+                format!("aggregate.max_groups: 1 to {MAX_GROUPS}"),
+            ));
+        }
+        (Some(n), Some(_)) => n,
+    };
     Ok(AggregateSpec {
         func,
         field,
@@ -514,6 +560,8 @@ fn aggregate(a: RawAggregate, budget: &mut Budget) -> Result<AggregateSpec, Rule
         having,
         emit,
         compare,
+        group_by,
+        max_groups,
     })
 }
 

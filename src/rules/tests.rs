@@ -1033,6 +1033,9 @@ fn schema_accepts_the_examples_and_refuses_malformed_rules() {
         json!({"id": "x", "version": 1, "kind": "dedup", "dedup": {"field": "/a"}}),
         json!({"id": "x", "version": 1, "kind": "aggregate", "aggregate": {"fn": "count"}, "filter": {"field": "/a", "like": 1}}),
         json!({"id": "x", "version": 1, "kind": "aggregate"}),
+        json!({"id": "x", "version": 1, "kind": "aggregate", "aggregate": {"fn": "count", "group_by": "/t", "window": {"type": "session", "gap": "1m"}}}),
+        json!({"id": "x", "version": 1, "kind": "aggregate", "aggregate": {"fn": "count", "max_groups": 3}}),
+        json!({"id": "x", "version": 1, "kind": "aggregate", "aggregate": {"fn": "count", "group_by": "/t", "max_groups": 0}}),
     ];
     for b in &bad {
         assert!(spec::compile(b).is_err(), "the engine refuses {b}");
@@ -1073,3 +1076,5 @@ print(json.dumps({"good_refused": bad, "bad_accepted": ok}))
     );
     assert_eq!(text, r#"{"good_refused": [], "bad_accepted": []}"#);
 }
+
+mod event_time;
