@@ -19,6 +19,10 @@ if [ "${1:-}" != "--build-only" ]; then
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
   need_pkg python3-venv    # the S3 test server (moto) installs into a venv
+  # The console's browser test (integration-tests/console.rs): Debian's Chromium, driven
+  # by playwright-core from web/node_modules (npm ci), which never downloads a browser.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

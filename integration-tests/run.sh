@@ -23,6 +23,18 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 "$root/integration-tests/install-deps.sh"
 
+# The web console (web/): its built files in web/dist/ are committed and embedded by the
+# Rust build; here they are rebuilt from the locked sources and must come out identical, so
+# what the binary serves is what web/src says. node_modules also gives the browser test
+# its playwright-core. npm's cache lives outside the clone.
+echo "== console: npm ci and rebuild web/dist (must equal the committed files)"
+(cd "$root/web" && npm ci --no-audit --no-fund --cache /var/tmp/streamstate-npm-cache >/dev/null && npm run build >/dev/null)
+if [ -n "$(git -C "$root" status --porcelain -- web/dist)" ]; then
+  git -C "$root" status --short -- web/dist >&2
+  echo "error: web/dist differs from a rebuild of web/src: run 'npm run build' in web/ and commit web/dist" >&2
+  exit 1
+fi
+
 # Container and Kubernetes checks (no broker): hadolint, helm lint/template of every
 # helm/streamstate/ci values file validated against Kubernetes schemas, values.schema.json
 # refusals, and the binary on the runtime image's libraries. The chart test (--test chart)

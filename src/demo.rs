@@ -21,6 +21,7 @@ use streamstate::config::{
 use streamstate::job::Control;
 use streamstate::metrics::Metrics;
 use tracing::info;
+use tracing_subscriber::filter::FilterFn;
 
 const EVENTS_PER_SECOND: u64 = 2_000;
 
@@ -180,11 +181,27 @@ pub fn generate(bootstrap: String, control: Arc<Control>) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The demo's log filter on top of `RUST_LOG`: it drops the job's `checkpoint completed`
+/// line (the event that carries `snapshot_ms`), which the demo's one-second interval would
+/// print every second and bury the progress line under; the console's Checkpoints page and
+/// `GET /checkpoints` show every checkpoint instead. Failures still log.
+pub fn quiet_checkpoints() -> FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    fn keep(m: &tracing::Metadata<'_>) -> bool {
+        !(m.is_event()
+            && m.target() == "streamstate::job"
+            && *m.level() == tracing::Level::INFO
+            && m.fields().field("snapshot_ms").is_some())
+    }
+    FilterFn::new(keep as fn(&tracing::Metadata<'_>) -> bool)
+}
+
 /// Prints what the job is doing every few seconds, from the same metrics `/metrics` serves.
 pub fn report(metrics: Metrics, control: Arc<Control>, admin: SocketAddr) {
     let every = Duration::from_secs(5);
     let mut next = Instant::now() + every;
-    info!("demo running: try `curl -s http://{admin}/metrics | grep streamstate_records`");
+    info!(
+        "demo running: open the console at http://{admin}/ (or `curl -s http://{admin}/metrics | grep streamstate_records`)"
+    );
     while !control.shutdown.load(Ordering::SeqCst) {
         std::thread::park_timeout(Duration::from_millis(200));
         if Instant::now() < next {

@@ -123,7 +123,7 @@ fn main() -> ExitCode {
     let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     let json_logs = matches!(cli.log_format, LogFormat::Json);
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, matches!(cli.command, Command::Demo { .. }));
     let result = match cli.command {
         Command::CheckConfig { config } => Config::load(&config)
             .map(|_| println!("config ok"))
@@ -218,18 +218,27 @@ fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
-fn init_logging(format: LogFormat) {
+/// `demo` adds its own filter ([`demo::quiet_checkpoints`]) so its progress line stays
+/// readable.
+fn init_logging(format: LogFormat, demo: bool) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(demo.then(demo::quiet_checkpoints))
+        .with(fmt)
+        .init();
 }
 
 /// Admin server on the async runtime, the job loop on its own thread, signals into flags.

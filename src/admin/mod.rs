@@ -1,5 +1,5 @@
 //! The admin HTTP server: health, readiness, metrics, checkpoints, savepoints, stop,
-//! rules (and their rollback), transactions and state lookup. JSON in and out; see
+//! rules (publish and rollback), transactions, state lookup, and the web console at `/`. JSON in and out; see
 //! `docs/admin-api.md`.
 //!
 //! It never touches state, the job's transaction or checkpoint storage writes itself
@@ -11,9 +11,11 @@
 //! savepoints of earlier runs, from reading the savepoint location.
 
 mod auth;
+mod console;
 mod control_producer;
 #[doc(hidden)]
 pub mod fuzzing;
+mod instance;
 mod routes;
 mod server;
 
@@ -75,6 +77,7 @@ pub fn router(
         .route("/checkpoints", post(routes::trigger_checkpoint))
         .route("/savepoints", post(routes::trigger_savepoint))
         .route("/stop", post(routes::stop))
+        .route("/rules", post(routes::publish_rule))
         .route("/rules/{id}/rollback", post(routes::rollback_rule))
         .route("/state/{key}", get(routes::key_state))
         .route_layer(middleware::from_fn_with_state(
@@ -82,6 +85,11 @@ pub fn router(
             auth::require_token,
         ));
     let open = Router::new()
+        // The console's page and files; its API calls follow the rules of the routes
+        // they call (the token for the guarded ones, sent by the page).
+        .route("/", get(console::index))
+        .route("/assets/{file}", get(console::asset))
+        .route("/instance", get(instance::instance))
         .route("/livez", get(routes::livez))
         .route("/readyz", get(routes::readyz))
         .route("/metrics", get(routes::metrics_text))

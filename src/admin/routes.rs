@@ -10,7 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
@@ -338,13 +339,99 @@ pub(super) async fn rollback_rule(State(s): State<AppState>, Path(id): Path<Stri
         .into_response())
 }
 
+/// Publishes a rule (new, a new version, or `"status": "deleted"`) to the control topic,
+/// as a person would with a Kafka producer; every instance applies it from there. The
+/// body is checked first as the rule engine would check it, and its version must be above
+/// the one this instance applied (a lower one would be ignored by every instance), so a
+/// bad rule is refused here with the engine's reason instead of being rejected silently
+/// downstream. Answers `202` once the broker has the record.
+pub(super) async fn publish_rule(State(s): State<AppState>, body: Bytes) -> ApiResult {
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("request body: {e}")))?;
+    let Some(id) = value.get("id").and_then(Value::as_str).map(str::to_string) else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "rule: `id` must be a non-empty string",
+        ));
+    };
+    let Some(version) = value.get("version").and_then(Value::as_u64) else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "rule: `version` must be a non-negative integer",
+        ));
+    };
+    let deleting = value.get("status").and_then(Value::as_str) == Some("deleted");
+    if id.is_empty() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "rule: `id` must be a non-empty string",
+        ));
+    }
+    if !deleting {
+        crate::rules::spec::compile(&value)
+            .map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string()))?;
+    }
+    let current = s
+        .control
+        .rules
+        .read()
+        .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?
+        .get(&id)
+        .map(|r| r.version);
+    if let Some(current) = current.filter(|c| version <= *c) {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!(
+                "rule {id:?} is at version {current}; publish version {} or above",
+                current + 1
+            ),
+        ));
+    }
+    let bytes = serde_json::to_vec(&value)
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (partition, offset) = s.publisher.publish(&id, &bytes).await.map_err(|e| {
+        tracing::warn!(rule = %id, error = %e, "rule not published");
+        error(StatusCode::BAD_GATEWAY, e.to_string())
+    })?;
+    tracing::info!(rule = %id, version, partition, offset, "rule published to the control topic");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "id": id,
+            "version": version,
+            "control_partition": partition,
+            "control_offset": offset,
+        })),
+    )
+        .into_response())
+}
+
 /// This instance's transactional id and the open transaction.
 pub(super) async fn transactions(State(s): State<AppState>) -> Json<Value> {
     Json(json!(s.control.transactions.view()))
 }
 
 /// Every state of one key, read by the job loop between two records.
-pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>) -> ApiResult {
+/// `GET /state/{key}?redirect=false`: answer `421` with the owner's URL instead of `307`.
+/// The console asks so: a browser follows a 307 itself, and a cross-origin one fails
+/// under the console's `connect-src 'self'` without telling the page where it led.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StateQuery {
+    #[serde(default = "yes")]
+    redirect: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub(super) async fn key_state(
+    State(s): State<AppState>,
+    Path(key): Path<String>,
+    query: Result<Query<StateQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
     if key.is_empty() || key.len() > s.config.job.max_key_bytes {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -374,7 +461,7 @@ pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>
             match s.config.peer_admin_url(owner) {
                 // A redirect, not a proxy: the admin server stays free of outbound calls,
                 // and clients (curl -L, browsers) follow it with the same method.
-                Some(base) => {
+                Some(base) if query.redirect => {
                     let location =
                         format!("{base}/state/{}", utf8_percent_encode(&key, PATH_SEGMENT));
                     Ok((
@@ -389,6 +476,17 @@ pub(super) async fn key_state(State(s): State<AppState>, Path(key): Path<String>
                     )
                         .into_response())
                 }
+                Some(base) => Ok((
+                    StatusCode::MISDIRECTED_REQUEST,
+                    Json(json!({
+                        "error": message,
+                        "key_group": key_group,
+                        "owner_instance": owner,
+                        "owner_url": format!("{base}/state/{}", utf8_percent_encode(&key, PATH_SEGMENT)),
+                        "owner_admin_url": base,
+                    })),
+                )
+                    .into_response()),
                 None => Ok((
                     StatusCode::MISDIRECTED_REQUEST,
                     Json(json!({
