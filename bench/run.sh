@@ -33,6 +33,8 @@
 #                           S-EO, KS, Q, F)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
+#   BENCH_BUILD [1]  0: no cargo build; the streamstate, bench-generator and bench-latency
+#                           binaries already in $CARGO_TARGET_DIR/release are used as they are
 #   BENCH_CARGO_FEATURES [""]  extra features for the build (e.g. streamstate/failpoints, to
 #                               reuse a test build; the crash points stay inert)
 #   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
@@ -63,11 +65,16 @@ log() { printf 'bench/run.sh: %s\n' "$*" >&2; }
 command -v taskset >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }
 mkdir -p "$WORK"
 
-log "building (release)"
-features=()
-[[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
-(cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
-    --bin streamstate --bin bench-generator --bin bench-latency >&2)
+if [[ "${BENCH_BUILD:-1}" != 0 ]]; then
+    log "building (release)"
+    features=()
+    [[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
+    (cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
+        --bin streamstate --bin bench-generator --bin bench-latency >&2)
+fi
+for bin in streamstate bench-generator bench-latency; do
+    [[ -x "$TARGET/release/$bin" ]] || { log "$TARGET/release/$bin missing (BENCH_BUILD=0 needs it built)"; exit 2; }
+done
 
 log "python venv (confluent-kafka, matplotlib)"
 VENV="$WORK/venv"
