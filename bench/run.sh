@@ -5,9 +5,10 @@
 # BENCHMARKS.md and a PNG. A benchmark, never a test: it reports figures and fails only
 # when a contender crashes or its output is wrong. See bench/README.md.
 #
-#   bench/run.sh                                   # everything (see README for the time)
-#   BENCH_WORKLOADS=S bench/run.sh                 # part 1
-#   BENCH_WORKLOADS=S-zipf,D,W BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
+#   bench/run.sh                                   # everything (~3 h; see bench/README.md)
+#   BENCH_WORKLOADS=S bench/run.sh                 # or in parts: part 1
+#   BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
+#   BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh          # part 3, merged
 #
 # Environment (defaults in brackets):
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
