@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Runs the benchmark contenders on one broker and writes BENCHMARKS.md and a plot.
 
-Called by bench/run.sh (which builds, starts the broker and fills the input); see
-bench/README.md. Every contender reads the same input topic from offset 0 into its own
-output topic, pinned to its own CPU; the order is A-B-C-A-B-C per repeat. A contender is
-done when its consumer group's committed offsets reach the input's end offsets (its
-output is then committed too, in the same transaction for the exactly-once ones).
+Called by bench/run.sh (which builds, starts the broker and fills the inputs); see
+bench/README.md. Workloads: S (bench/rules.json) on the main input, S-zipf (the same on
+the Zipf input), D (dedup, bench/rules-d.json) and W (tumbling event-time windows,
+bench/rules-w.json) on the main input. Within a workload every contender reads the same
+input topic from offset 0 into its own output topic, pinned to its own CPU; the order is
+A-B-C-A-B-C per repeat. A contender is done when its consumer group's committed offsets
+reach the input's end offsets (its output is then committed too, in the same transaction
+for streamstate, Kafka Streams and Quix; Flink commits its source offsets and its sink's
+transaction on the same completed checkpoint, so its run goes on a few seconds unmeasured
+before it is stopped, as do W runs, whose last windows close on the last events).
 
 Figures per run: events/s and events per CPU-second of the contender process
 (utime+stime from /proc/<pid>/stat, all threads), both over the window from the first
@@ -44,6 +49,14 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# Output topics stamp records with the broker's append time. Windows (W) are emitted with
+# their event time as the record timestamp by Flink, Kafka Streams and Quix, and the
+# input's event times are from 2023: with CreateTime the broker's 7-day retention deleted
+# the oldest output segments during a run (the first window's records vanished from a
+# Flink W run before the checker read them).
+OUTPUT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 
 
 def ensure_topic(bootstrap, topic, partitions, config=None):
@@ -109,21 +122,26 @@ def input_end(bootstrap, topic, partitions):
         c.close()
 
 
-def streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee="exactly_once"):
+def streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee="exactly_once",
+                       rules_topic=None, event_time=False):
     admin_port = a.admin_port
+    rules_topic = rules_topic or a.rules_topic
+    # W: event time from the event's `ts`, watermark = slowest partition's newest - 2 s.
+    time_cfg = 'timestamp = "/ts"\nmax_out_of_orderness = "2s"' if event_time else ""
     body = f'''[kafka]
 bootstrap_servers = "{a.bootstrap}"
 app_id = "{app}"
 input_topics = ["{input_topic}"]
 output_topic = "{output}"
 dead_letter_topic = "{output}-dlq"
-{'control_topic = "' + a.rules_topic + '"' if function == "rules" else ""}
+{'control_topic = "' + rules_topic + '"' if function == "rules" else ""}
 transaction_timeout = "60s"
 
 [job]
 key = "/user_id"
 function = "{function}"
 guarantee = "{guarantee}"
+{time_cfg}
 
 [state]
 backend = "rocksdb"
@@ -141,32 +159,68 @@ listen = "127.0.0.1:{admin_port}"
     return path
 
 
-def contenders(a):
-    """name -> (contract, at_least_once, launcher). A launcher returns (argv, env)."""
+# Workload -> (output contract of check.py, contenders that can express it). S-zipf is S
+# on the Zipf input; P and J (no state) only run beside S.
+WORKLOADS = {
+    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "KS", "Q", "F")),
+    "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
+    "D": ("dedup", ("S-EO", "KS", "Q", "F")),
+    "W": ("window", ("S-EO", "KS", "Q", "F")),
+}
+
+# Flink 2 on Java 17 needs these packages open (Flink's own launch scripts pass the same
+# through env.java.opts.all); without them Kryo and the memory manager fail reflectively.
+FLINK_JVM_OPENS = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
+    "java.lang", "java.lang.reflect", "java.io", "java.net", "java.nio", "sun.nio.ch", "java.text",
+    "java.time", "java.util", "java.util.concurrent", "java.util.concurrent.atomic",
+    "java.util.concurrent.locks")] + ["--add-exports=java.base/sun.net.util=ALL-UNNAMED"]
+
+
+def contenders(a, workload="S"):
+    """name -> (contract, at_least_once, launcher) for one workload. A launcher returns
+    (argv, env)."""
+    contract = WORKLOADS[workload][0]
+    code = workload[0]  # S-zipf runs the S job
+    rules_topic = {"S": a.rules_topic, "D": a.rules_topic_d, "W": a.rules_topic_w}[code]
+    interval_ms = str(int(parse_secs(a.interval) * 1000))
+
     def ss(function, interval, guarantee="exactly_once"):
         def launch(run_dir, app, input_topic, output):
-            cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee)
+            cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
+                                     rules_topic=rules_topic, event_time=code == "W")
             return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
         return launch
 
-    table = {
-        "P": ("passthrough", False, ss("passthrough", a.interval)),
-        "J": ("json", False, ss("json", a.interval)),
-        "S-EO": ("workload", False, ss("rules", a.interval)),
-        "S-EO-10s": ("workload", False, ss("rules", "10s")),
-        "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
-    }
+    table = {}
+    if code == "S":
+        table.update({
+            "P": ("passthrough", False, ss("passthrough", a.interval)),
+            "J": ("json", False, ss("json", a.interval)),
+            "S-EO-10s": ("workload", False, ss("rules", "10s")),
+            "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
+        })
+    if rules_topic:
+        table["S-EO"] = (contract, False, ss("rules", a.interval))
     if a.kstreams_jar:
         def ks(run_dir, app, input_topic, output):
             return (["java", "-Xmx1g", "-jar", a.kstreams_jar, a.bootstrap, app, input_topic, output,
-                     str(run_dir / "state"), str(int(parse_secs(a.interval) * 1000))], {})
-        table["KS"] = ("workload", False, ks)
+                     str(run_dir / "state"), interval_ms, code], {})
+        table["KS"] = (contract, False, ks)
     if a.quix_python:
         def quix(run_dir, app, input_topic, output):
             return ([a.quix_python, str(HERE / "quix" / "app.py"), a.bootstrap, app, input_topic, output,
-                     str(run_dir / "state"), str(parse_secs(a.interval))], {})
-        table["Q"] = ("workload", False, quix)
-    return table
+                     str(run_dir / "state"), str(parse_secs(a.interval)), code], {})
+        table["Q"] = (contract, False, quix)
+    if a.flink_classpath:
+        def flink(run_dir, app, input_topic, output):
+            return (["java", "-Xmx1g", *FLINK_JVM_OPENS, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                     # a WARN per checkpoint about a metric name the sink registers twice
+                     "-Dorg.slf4j.simpleLogger.log.org.apache.flink.metrics.MetricGroup=error",
+                     "-cp", a.flink_classpath, "streamstate.bench.flink.Workload", code, a.bootstrap, app,
+                     input_topic, output, str(run_dir), interval_ms, str(a.flink_rest_port)], {})
+        table["F"] = (contract, False, flink)
+    allowed = WORKLOADS[workload][1]
+    return {n: spec for n, spec in table.items() if n in allowed}
 
 
 def parse_secs(s):
@@ -250,7 +304,7 @@ def run_recovery(a, spec):
     # Nothing reads this output (the figures are timings), and 20M events write about
     # 15 GB of it (three outputs per event): the broker may drop old segments as it goes.
     ensure_topic(a.bootstrap, output, a.partitions,
-                 {"retention.bytes": str(512 << 20), "segment.bytes": str(128 << 20)})
+                 {**OUTPUT_TOPIC_CONFIG, "retention.bytes": str(512 << 20), "segment.bytes": str(128 << 20)})
     ensure_topic(a.bootstrap, output + "-dlq", 1)
     progress = Progress(a.bootstrap, app, input_topic, a.partitions)
     result = {}
@@ -317,23 +371,50 @@ def run_recovery(a, spec):
     return result
 
 
-def run_one(a, name, spec, repeat, total):
+def flink_checkpoints(port):
+    """Checkpoint figures of the (one) job of a Flink MiniCluster, from its REST API:
+    completed count, end-to-end duration avg/p50/p99/max (ms), the mean and largest
+    checkpointed size (what each checkpoint wrote: the incremental part, bytes) and the
+    largest full state size. {} when unreachable."""
+    import urllib.request
+
+    def get(path):
+        return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read())
+    try:
+        jobs = get("/jobs/overview")["jobs"]
+        running = [j for j in jobs if j.get("state") == "RUNNING"] or jobs
+        ck = get(f"/jobs/{running[0]['jid']}/checkpoints")
+    except (OSError, ValueError, KeyError, IndexError):
+        return {}
+    summary = ck.get("summary", {})
+    d = summary.get("end_to_end_duration", {})
+    written, size = summary.get("checkpointed_size", {}), summary.get("state_size", {})
+    return {"flink_checkpoints_completed": ck.get("counts", {}).get("completed"),
+            "flink_checkpoint_avg_ms": d.get("avg"), "flink_checkpoint_p50_ms": d.get("p50"),
+            "flink_checkpoint_p99_ms": d.get("p99"), "flink_checkpoint_max_ms": d.get("max"),
+            "flink_checkpointed_size_avg_bytes": written.get("avg"),
+            "flink_checkpointed_size_max_bytes": written.get("max"),
+            "flink_state_size_max_bytes": size.get("max")}
+
+
+def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
     contract, alo, launch = spec
-    tag = f"{name.lower()}-{repeat}-{uuid.uuid4().hex[:6]}"
+    input_topic = input_topic or a.input
+    tag = f"{workload.lower()}-{name.lower()}-{repeat}-{uuid.uuid4().hex[:6]}"
     app, output = f"bench-{tag}", f"bench-{tag}-out"
     run_dir = Path(a.work) / tag
     run_dir.mkdir(parents=True)
-    ensure_topic(a.bootstrap, output, a.partitions)
+    ensure_topic(a.bootstrap, output, a.partitions, OUTPUT_TOPIC_CONFIG)
     ensure_topic(a.bootstrap, output + "-dlq", 1)
-    argv, env = launch(run_dir, app, a.input, output)
+    argv, env = launch(run_dir, app, input_topic, output)
     argv = ["taskset", "-c", a.contender_cpu] + argv
     logf = open(run_dir / "contender.log", "w")
-    progress = Progress(a.bootstrap, app, a.input, a.partitions)
+    progress = Progress(a.bootstrap, app, input_topic, a.partitions)
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env},
                             start_new_session=True)
     first = None  # (t, committed, cpu) at the first committed progress
-    result = {"contender": name, "repeat": repeat, "ok": False}
+    result = {"workload": workload, "contender": name, "repeat": repeat, "ok": False}
     metrics = {}
     try:
         deadline = started + a.timeout
@@ -359,6 +440,8 @@ def run_one(a, name, spec, repeat, total):
                 "streamstate_checkpoint_duration_seconds_sum", "streamstate_checkpoint_duration_seconds_count",
                 "streamstate_last_checkpoint_size_bytes", "streamstate_state_size_bytes")}
             metrics["checkpoint_p99_s"] = histogram_quantile(samples, "streamstate_checkpoint_duration_seconds", 0.99)
+        if name == "F":
+            metrics = flink_checkpoints(a.flink_rest_port)
         events = total - first[1]
         secs, cpu_used = now - first[0], cpu - first[2]
         result.update({
@@ -367,6 +450,15 @@ def run_one(a, name, spec, repeat, total):
             "events_per_cpu_s": events / cpu_used if cpu_used > 0 else None,
             "checkpoints": metrics,
         })
+        # Not measured: W's last windows close on the last events and Flink commits its
+        # sink's transaction beside (not with) its source offsets, so both get a few more
+        # checkpoints before the stop, for the checker to see every output committed.
+        if workload == "W" or name == "F":
+            linger_until = time.monotonic() + 3 * parse_secs(a.interval) + 2
+            while time.monotonic() < linger_until:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {run_dir}/contender.log")
+                time.sleep(0.2)
     except (RuntimeError, TimeoutError) as e:
         result["error"] = str(e)
         log(result["error"])
@@ -376,7 +468,7 @@ def run_one(a, name, spec, repeat, total):
         drop_state(run_dir)
     if "error" not in result:
         check = subprocess.run([sys.executable, str(HERE / "check.py"), "--bootstrap", a.bootstrap,
-                                "--input", a.input, "--output", output, "--contract", contract]
+                                "--input", input_topic, "--output", output, "--contract", contract]
                                + (["--at-least-once"] if alo else []),
                                capture_output=True, text=True)
         try:
@@ -444,8 +536,9 @@ def run_latency(a, name, spec, load, max_eps):
     app, input_topic, output = f"bench-{tag}", f"bench-{tag}-in", f"bench-{tag}-out"
     run_dir = Path(a.work) / tag
     run_dir.mkdir(parents=True)
-    for t, n in ((input_topic, a.partitions), (output, a.partitions), (output + "-dlq", 1)):
-        ensure_topic(a.bootstrap, t, n)
+    for t, n, cfg in ((input_topic, a.partitions, None), (output, a.partitions, OUTPUT_TOPIC_CONFIG),
+                      (output + "-dlq", 1, None)):
+        ensure_topic(a.bootstrap, t, n, cfg)
     result = {"contender": name, "load": load, "rate": rate}
     proc, logf = start(a, name, launch, run_dir, app, input_topic, output)
     progress = Progress(a.bootstrap, app, input_topic, a.partitions)
@@ -493,27 +586,45 @@ def fmt(v, digits=0):
     return "n/a" if v is None else f"{v:,.{digits}f}"
 
 
-def report(a, results, total, gen, latencies, recovery):
+def summarize(results):
+    """(workload, contender) -> medians ± half ranges of one set of runs."""
     by = {}
     for r in results:
-        by.setdefault(r["contender"], []).append(r)
+        by.setdefault((r.get("workload", "S"), r["contender"]), []).append(r)
     summary = {}
-    for name, rs in by.items():
+    for key, rs in by.items():
         eps, eps_sd = median_spread([r.get("events_per_s") for r in rs])
         epc, epc_sd = median_spread([r.get("events_per_cpu_s") for r in rs])
-        chk = [r["checkpoints"] for r in rs if r.get("checkpoints", {}).get("streamstate_checkpoint_duration_seconds_count")]
-        mean_ck = median_spread([c["streamstate_checkpoint_duration_seconds_sum"] / c["streamstate_checkpoint_duration_seconds_count"]
-                                 for c in chk])[0]
-        summary[name] = {"eps": eps, "eps_spread": eps_sd, "epc": epc, "epc_spread": epc_sd,
-                         "runs": len(rs), "ok": sum(1 for r in rs if r["ok"]), "checkpoint_mean_s": mean_ck}
+        chk = [r["checkpoints"] for r in rs if (r.get("checkpoints") or {}).get("streamstate_checkpoint_duration_seconds_count")]
+        means = [c["streamstate_checkpoint_duration_seconds_sum"] / c["streamstate_checkpoint_duration_seconds_count"]
+                 for c in chk]
+        # Flink: the REST API's mean end-to-end checkpoint duration.
+        means += [r["checkpoints"]["flink_checkpoint_avg_ms"] / 1000 for r in rs
+                  if (r.get("checkpoints") or {}).get("flink_checkpoint_avg_ms") is not None]
+        summary[key] = {"eps": eps, "eps_spread": eps_sd, "epc": epc, "epc_spread": epc_sd,
+                        "runs": len(rs), "ok": sum(1 for r in rs if r["ok"]),
+                        "checkpoint_mean_s": median_spread(means)[0]}
+    return summary
 
-    def ratio(x, y, key):
-        if x in summary and y in summary and summary[x][key] and summary[y][key]:
-            return summary[x][key] / summary[y][key]
+
+def report(a, results, total, gen, latencies, recovery, parts=None):
+    """`parts`: workload -> {"generated", "commit", "input", "total", "order"} of the run each
+    workload's figures come from (this one, or an earlier part merged with --merge)."""
+    summary = summarize(results)
+
+    def ratio(w, x, y, key):
+        sx, sy = summary.get((w, x)), summary.get((w, y))
+        if sx and sy and sx[key] and sy[key]:
+            return sx[key] / sy[key]
         return None
 
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    parts = parts or {}
+    workloads = [w for w in WORKLOADS if w in parts]
+    def describe(g, n):
+        return (f"{n:,} records ({g.get('bytes', 0) / max(n, 1):.0f} bytes avg), {g.get('keys')} keys, "
+                f"{g.get('dist')}, seed {g.get('seed')}, {g.get('duplicates')} duplicates, {a.partitions} partitions")
     lines = [
         "# Benchmarks", "",
         f"Generated by `bench/run.sh` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit `{commit}`.",
@@ -521,32 +632,65 @@ def report(a, results, total, gen, latencies, recovery):
         "",
         f"- Machine: {cpu_model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "
         f"broker pinned to CPU {a.broker_cpu}, contender to CPU {a.contender_cpu}.",
-        f"- Input: {total:,} records ({gen.get('bytes', 0) / max(total, 1):.0f} bytes avg), {gen.get('keys')} keys, "
-        f"{gen.get('dist')}, seed {gen.get('seed')}, {gen.get('duplicates')} duplicates, {a.partitions} partitions.",
-        f"- Checkpoint interval {a.interval} (S-EO-10s: 10s); {a.repeats} repeats, order "
-        f"{' '.join(a.contenders)} per repeat; median ± half range.",
+        f"- Checkpoint (Kafka Streams, Quix: commit) interval {a.interval} (S-EO-10s: 10s); {a.repeats} repeats, "
+        "contenders in the order of each table per repeat; median ± half range.",
         "- Throughput and CPU are taken from the first committed progress to the last record committed "
         "(start-up not counted); CPU = utime+stime of the contender process.",
+        "- Workloads: **S** (count, dedup, sum per type: `bench/rules.json`) on the main input and, as **S-zipf**, "
+        "on the Zipf input; **D** (dedup of `event_id` per key, 10 min TTL, first sighting only: "
+        "`bench/rules-d.json`) and **W** (per key a tumbling 10 s event-time window on `ts`, count/sum/min/max of "
+        "`amount` emitted when it closes, watermark = newest event time − 2 s: `bench/rules-w.json`) on the main "
+        "input. Every output is checked by `bench/check.py` against its own model.",
+        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; KS Kafka Streams; Q Quix Streams; F Apache Flink "
+        "(local MiniCluster, parallelism 1, RocksDB incremental checkpoints, KafkaSink exactly-once). "
+        "Mean checkpoint: streamstate's metrics, Flink's REST API (end-to-end duration).",
         "",
-        "| contender | events/s | events per CPU-s | checker | mean checkpoint (s) |",
-        "|---|---|---|---|---|",
     ]
-    for name in a.contenders:
-        s = summary.get(name)
-        if s is None:
-            continue
-        lines.append(f"| {name} | {fmt(s['eps'])} ± {fmt(s['eps_spread'])} | {fmt(s['epc'])} ± {fmt(s['epc_spread'])} "
-                     f"| {s['ok']}/{s['runs']} ok | {fmt(s['checkpoint_mean_s'], 3)} |")
-    eo_alo = ratio("S-EO", "S-ALO", "eps")
-    p99_half = next((l.get("p99_ms") for l in latencies if l["contender"] == "S-EO" and l["load"] == 0.5), None)
-    lines += ["", "| ratio | value | target |", "|---|---|---|",
-              f"| S-EO / P (events/s) | {fmt(ratio('S-EO', 'P', 'eps'), 2)} | ≥ 0.5 with 1M keys |",
-              f"| J / P (events/s) | {fmt(ratio('J', 'P', 'eps'), 2)} | |",
-              f"| EO cost = 1 − S-EO / S-ALO | {fmt(None if eo_alo is None else 1 - eo_alo, 2)} | ≤ 0.10 |",
-              f"| S-EO / KS (per CPU-s) | {fmt(ratio('S-EO', 'KS', 'epc'), 2)} | ≥ 2 |",
-              f"| S-EO / Q (per CPU-s) | {fmt(ratio('S-EO', 'Q', 'epc'), 2)} | ≥ 10 |",
-              f"| S-EO p99 latency at 50% load (ms) | {fmt(p99_half)} | ≤ interval + 50 ms = {fmt(parse_secs(a.interval) * 1000 + 50)} |",
-              "", "`n/a`: the contender did not run (see bench/README.md for what is not built yet).", ""]
+    for w in workloads:
+        p = parts[w]
+        where = "" if p.get("commit") == commit else f" (from the part run on {p.get('generated')}, commit `{p.get('commit')}`)"
+        lines += [f"## Workload {w}{where}", "",
+                  f"Input: {describe(p.get('input') or {}, p.get('total') or 0)}.", "",
+                  "| contender | events/s | events per CPU-s | checker | mean checkpoint (s) |",
+                  "|---|---|---|---|---|"]
+        for name in p.get("order") or WORKLOADS[w][1]:
+            sm = summary.get((w, name))
+            if sm is None:
+                continue
+            lines.append(f"| {name} | {fmt(sm['eps'])} ± {fmt(sm['eps_spread'])} | {fmt(sm['epc'])} ± {fmt(sm['epc_spread'])} "
+                         f"| {sm['ok']}/{sm['runs']} ok | {fmt(sm['checkpoint_mean_s'], 3)} |")
+        lines += ["", "| ratio | value | target |", "|---|---|---|"]
+        if w == "S":
+            eo_alo = ratio(w, "S-EO", "S-ALO", "eps")
+            p99_half = next((l.get("p99_ms") for l in latencies if l["contender"] == "S-EO" and l["load"] == 0.5), None)
+            lines += [f"| S-EO / P (events/s) | {fmt(ratio(w, 'S-EO', 'P', 'eps'), 2)} | ≥ 0.5 with 1M keys |",
+                      f"| J / P (events/s) | {fmt(ratio(w, 'J', 'P', 'eps'), 2)} | |",
+                      f"| EO cost = 1 − S-EO / S-ALO | {fmt(None if eo_alo is None else 1 - eo_alo, 2)} | ≤ 0.10 |"]
+        lines += [f"| S-EO / F (per CPU-s) | {fmt(ratio(w, 'S-EO', 'F', 'epc'), 2)} | |",
+                  f"| S-EO / F (events/s) | {fmt(ratio(w, 'S-EO', 'F', 'eps'), 2)} | |",
+                  f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 2' if w == 'S' else ''} |",
+                  f"| S-EO / Q (per CPU-s) | {fmt(ratio(w, 'S-EO', 'Q', 'epc'), 2)} | {'≥ 10' if w == 'S' else ''} |"]
+        if w == "S":
+            lines.append(f"| S-EO p99 latency at 50% load (ms) | {fmt(p99_half)} | ≤ interval + 50 ms = "
+                         f"{fmt(parse_secs(a.interval) * 1000 + 50)} |")
+        lines += ["", "`n/a`: the contender did not run (see bench/README.md).", ""]
+    flink_runs = [r for r in results if r["contender"] == "F" and (r.get("checkpoints") or {}).get("flink_checkpoints_completed")]
+    if flink_runs:
+        lines += ["## Flink's checkpoints (REST API, end-to-end duration)", "",
+                  "Flink's RocksDB checkpoints are asynchronous: only their synchronous part (memtable flush, hard links) "
+                  "pauses processing, so the end-to-end duration is not a pause (streamstate's, today synchronous, is).", "",
+                  "| workload | repeat | checkpoints | avg / p50 / p99 / max (ms) | checkpointed (incremental) avg / max "
+                  "| largest state size |",
+                  "|---|---|---|---|---|---|"]
+        mb = lambda v: "n/a" if v is None else f"{v / 1e6:,.1f} MB"  # noqa: E731
+        for r in flink_runs:
+            c = r["checkpoints"]
+            lines.append(f"| {r.get('workload', 'S')} | {r['repeat']} | {c['flink_checkpoints_completed']} | "
+                         f"{fmt(c.get('flink_checkpoint_avg_ms'))} / {fmt(c.get('flink_checkpoint_p50_ms'))} / "
+                         f"{fmt(c.get('flink_checkpoint_p99_ms'))} / {fmt(c.get('flink_checkpoint_max_ms'))} | "
+                         f"{mb(c.get('flink_checkpointed_size_avg_bytes'))} / {mb(c.get('flink_checkpointed_size_max_bytes'))} | "
+                         f"{mb(c.get('flink_state_size_max_bytes'))} |")
+        lines.append("")
     if latencies:
         lines += ["## End-to-end latency (open loop, read_committed reader)", "",
                   f"Each contender at a fixed rate of 50% and 80% of its own median max for {a.latency_secs} s; "
@@ -609,12 +753,13 @@ def report(a, results, total, gen, latencies, recovery):
                 lines.append("")
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
-        {"summary": summary, "runs": results, "latency": latencies, "recovery": recovery, "input": gen}, indent=1))
-    plot(a, summary, latencies)
+        {"summary": {f"{w}/{n}": v for (w, n), v in summary.items()}, "runs": results, "latency": latencies,
+         "recovery": recovery, "input": gen, "parts": parts}, indent=1))
+    plot(a, summary, latencies, [(w, parts[w].get("order") or WORKLOADS[w][1]) for w in workloads])
     log(f"wrote {a.report}")
 
 
-def plot(a, summary, latencies):
+def plot(a, summary, latencies, order):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -622,14 +767,17 @@ def plot(a, summary, latencies):
     except ImportError:
         log("matplotlib missing: no plot")
         return
-    names = [n for n in a.contenders if n in summary and summary[n]["eps"]]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].bar(names, [summary[n]["eps"] for n in names], yerr=[summary[n]["eps_spread"] for n in names])
-    axes[0].set_title("events/s")
-    axes[1].bar(names, [summary[n]["epc"] or 0 for n in names], yerr=[summary[n]["epc_spread"] or 0 for n in names])
-    axes[1].set_title("events per CPU-second")
-    for ax in axes[:2]:
-        ax.tick_params(axis="x", labelsize=8)
+    # One bar per (workload, contender), coloured by workload, F among them.
+    keys = [(w, n) for w, names in order for n in names if summary.get((w, n), {}).get("eps")]
+    colours = {w: f"C{i}" for i, (w, _) in enumerate(order)}
+    labels = [f"{w}: {n}" for w, n in keys]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
+    for ax, field, title in ((axes[0], "eps", "events/s"), (axes[1], "epc", "events per CPU-second")):
+        xs = range(len(keys))
+        ax.bar(xs, [summary[k][field] or 0 for k in keys], yerr=[summary[k][f"{field}_spread"] or 0 for k in keys],
+               color=[colours[w] for w, _ in keys])
+        ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_title(title)
     ok = [l for l in latencies if "error" not in l and l.get("p99_ms") is not None]
     labels = [f"{l['contender']}@{l['load']:.0%}" for l in ok]
     xs = range(len(ok))
@@ -646,12 +794,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--input", required=True)
-    ap.add_argument("--rules-topic", required=True)
+    ap.add_argument("--rules-topic", required=True, help="control topic holding bench/rules.json (S)")
+    ap.add_argument("--rules-topic-d", default=None, help="control topic holding bench/rules-d.json (D)")
+    ap.add_argument("--rules-topic-w", default=None, help="control topic holding bench/rules-w.json (W)")
+    ap.add_argument("--workloads", default="S,S-zipf,D,W", help=f"of {','.join(WORKLOADS)}")
+    ap.add_argument("--zipf-input", default=None, help="input topic of S-zipf")
+    ap.add_argument("--zipf-summary", default="{}", help="the generator's summary line of --zipf-input")
+    ap.add_argument("--merge", default=None, help="an earlier part's BENCHMARKS.json: its workloads that this "
+                    "run does not run (and its latency and recovery figures, without S here) go into the report")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--streamstate", required=True)
     ap.add_argument("--kstreams-jar", default=None)
     ap.add_argument("--quix-python", default=None)
-    ap.add_argument("--contenders", default="P,J,S-EO")
+    ap.add_argument("--flink-classpath", default=None, help="classpath of bench/flink (bench/flink/build.sh)")
+    ap.add_argument("--flink-rest-port", type=int, default=19481, help="the Flink MiniCluster's REST port")
+    ap.add_argument("--contenders", default="P,J,S-EO", help="in the order of each repeat; each workload "
+                    "runs those of them that can express it")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interval", default="1s")
     ap.add_argument("--contender-cpu", default="1")
@@ -677,28 +835,60 @@ def main():
     ap.add_argument("--plot", default=str(HERE.parent / "bench" / "benchmarks.png"))
     a = ap.parse_args()
     a.state_sweep_mb = [int(x) for x in a.state_sweep_mb.split(",") if x]
-    table = contenders(a)
-    a.contenders = [c for c in a.contenders.split(",") if c]
-    missing = [c for c in a.contenders if c not in table]
-    if missing:
-        log(f"not available, skipped: {missing}")
-        a.contenders = [c for c in a.contenders if c in table]
-    total = input_end(a.bootstrap, a.input, a.partitions)
+    wanted = [c for c in a.contenders.split(",") if c]
+    workloads = [w for w in a.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        log(f"unknown workloads {unknown}: known are {list(WORKLOADS)}")
+        sys.exit(2)
+    if "S-zipf" in workloads and not a.zipf_input:
+        log("S-zipf needs --zipf-input: skipped")
+        workloads.remove("S-zipf")
     gen = json.loads(a.generator_summary)
-    results = []
-    for repeat in range(1, a.repeats + 1):
-        for name in a.contenders:
-            results.append(run_one(a, name, table[name], repeat, total))
-    latencies = []
-    for load in [float(x) for x in a.loads.split(",") if x]:
-        for name in a.contenders:
-            eps = median_spread([r.get("events_per_s") for r in results if r["contender"] == name])[0]
-            if eps:
-                latencies.append(run_latency(a, name, table[name], load, eps))
-    recovery = run_recovery(a, table["S-EO"]) if a.recovery and "S-EO" in a.contenders else None
-    report(a, results, total, gen, latencies, recovery)
-    sys.exit(0 if all(r["ok"] for r in results) and not any("error" in l for l in latencies)
-             and not (recovery or {}).get("error") else 1)
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    now = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    results, parts, tables = [], {}, {}
+    for w in workloads:
+        table = contenders(a, w)
+        order = [c for c in wanted if c in table]
+        missing = [c for c in wanted if c in WORKLOADS[w][1] and c not in table]
+        if missing:
+            log(f"{w}: not available, skipped: {missing}")
+        input_topic = a.zipf_input if w == "S-zipf" else a.input
+        total = input_end(a.bootstrap, input_topic, a.partitions)
+        parts[w] = {"generated": now, "commit": commit, "total": total, "order": order,
+                    "input": json.loads(a.zipf_summary) if w == "S-zipf" else gen}
+        tables[w] = table
+        for repeat in range(1, a.repeats + 1):
+            for name in order:
+                results.append(run_one(a, name, table[name], repeat, total, w, input_topic))
+    latencies, recovery = [], None
+    if "S" in workloads:
+        for load in [float(x) for x in a.loads.split(",") if x]:
+            for name in parts["S"]["order"]:
+                eps = median_spread([r.get("events_per_s") for r in results
+                                     if r["contender"] == name and r["workload"] == "S"])[0]
+                if eps:
+                    latencies.append(run_latency(a, name, tables["S"][name], load, eps))
+        if a.recovery and "S-EO" in parts["S"]["order"]:
+            recovery = run_recovery(a, tables["S"]["S-EO"])
+    ran_ok = (all(r["ok"] for r in results) and not any("error" in l for l in latencies)
+              and not (recovery or {}).get("error"))
+    if a.merge:
+        prev = json.loads(Path(a.merge).read_text())
+        # A report from before workloads (S only) has no "parts".
+        prev_parts = prev.get("parts") or {"S": {"input": prev.get("input"), "total": (prev.get("input") or {}).get("records"),
+                                                 "generated": "an earlier run", "commit": "?"}}
+        for w, p in prev_parts.items():
+            if w in parts or w not in WORKLOADS:
+                continue
+            parts[w] = p
+            results += [r for r in prev.get("runs", []) if r.get("workload", "S") == w]
+            log(f"merged workload {w} from {a.merge} ({p.get('generated')}, commit {p.get('commit')})")
+        if "S" not in workloads:
+            latencies, recovery = prev.get("latency") or [], prev.get("recovery")
+    report(a, results, parts.get("S", {}).get("total") or 0, gen, latencies, recovery, parts)
+    sys.exit(0 if ran_ok else 1)
 
 
 if __name__ == "__main__":

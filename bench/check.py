@@ -3,14 +3,26 @@
 
 Shares nothing with the contenders: its own Kafka client (confluent-kafka), JSON parsing
 and reference model, built from the input topic. Reads the output with
-isolation.level=read_committed and checks one of three output contracts:
+isolation.level=read_committed and checks one of five output contracts:
 
   passthrough  the output holds every input record's (key, value) exactly once, unchanged;
   json         every input event exactly once, as equal JSON, keyed by its user_id;
   workload     the S workload (bench/rules.json; Kafka Streams and Quix emit the same
                records): per key, `count` outputs with counts 1..n once each; one `dedup`
                output per distinct (key, event_id); per (key, type) `sum-<type>` outputs
-               with counts 1..m once each and the last value equal to the model's sum.
+               with counts 1..m once each and the last value equal to the model's sum;
+  dedup        workload D (bench/rules-d.json): exactly one `dedup` output per distinct
+               (key, event_id), its `value` equal to the event, and nothing else;
+  window       workload W (bench/rules-w.json): per key, tumbling 10 s windows on the
+               event's `ts`, aligned to the epoch; a window closes when the watermark
+               (newest event time - 2 s) passes its end. Four outputs per window
+               (`window-count`, `-sum`, `-min`, `-max`, with `window.start`/`end`), each
+               equal to the model's value over every input event in the window (a window
+               emitted before all its events arrived fails). Every window closed by the
+               whole input's watermark must be there once: the ones whose end + 2 s is at
+               or below the lowest partition's newest event time (Flink's and streamstate's
+               watermark is the slowest partition's; Kafka Streams' and Quix's are per
+               partition and close more, which may be there too but must be right).
 
 --at-least-once relaxes "once" to "at least once" and reports the duplicates.
 Prints a JSON report; exits 1 on a violation, 2 on a usage/connection error.
@@ -26,7 +38,13 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING
 
 
-def read_topic(bootstrap, topic, timeout_s=600):
+WINDOW_MS = 10_000
+OUT_OF_ORDERNESS_MS = 2_000
+WINDOW_FNS = ("count", "sum", "min", "max")
+
+
+def read_topic(bootstrap, topic, timeout_s=600, partitions=False):
+    """(key, value) of every committed record, or (key, value, partition) with `partitions`."""
     c = Consumer({
         "bootstrap.servers": bootstrap,
         "group.id": f"bench-checker-{uuid.uuid4()}",
@@ -52,13 +70,17 @@ def read_topic(bootstrap, topic, timeout_s=600):
                 raise TimeoutError(f"{topic}: end offsets {ends} not reached, at {pos}")
             for m in c.consume(num_messages=10000, timeout=0.5):
                 if m.error() is None:
-                    out.append((m.key(), m.value()))
+                    out.append((m.key(), m.value(), m.partition()) if partitions else (m.key(), m.value()))
     finally:
         c.close()
 
 
+def close(got, want):
+    return abs(got - want) <= 1e-6 * max(1.0, abs(want))
+
+
 def check(args):
-    inputs = read_topic(args.bootstrap, args.input)
+    inputs = read_topic(args.bootstrap, args.input, partitions=True)
     outputs = read_topic(args.bootstrap, args.output)
     problems = collections.Counter()
     examples = []
@@ -69,8 +91,9 @@ def check(args):
             examples.append({"kind": kind, "detail": detail})
 
     duplicates = 0
+    extra = {}
     if args.contract == "passthrough":
-        want = collections.Counter(inputs)
+        want = collections.Counter((k, v) for k, v, _ in inputs)
         got = collections.Counter(outputs)
         for rec, n in want.items():
             if got[rec] < n:
@@ -82,7 +105,7 @@ def check(args):
     elif args.contract == "json":
         def canon(k, v):
             return (k, json.dumps(json.loads(v), sort_keys=True))
-        want = collections.Counter(canon(json.loads(v)["user_id"].encode(), v) for _, v in inputs)
+        want = collections.Counter(canon(json.loads(v)["user_id"].encode(), v) for _, v, _ in inputs)
         got = collections.Counter(canon(k, v) for k, v in outputs)
         for rec, n in want.items():
             if got[rec] < n:
@@ -91,12 +114,73 @@ def check(args):
                 duplicates += got[rec] - n
         for rec in got.keys() - want.keys():
             violation("unexpected", repr(rec)[:200])
+    elif args.contract == "dedup":
+        first = {}
+        for _, v, _ in inputs:
+            e = json.loads(v)
+            first.setdefault((e["user_id"], e["event_id"]), e)
+        seen = collections.Counter()
+        for _, v in outputs:
+            o = json.loads(v)
+            if o.get("rule_id") != "dedup" or not isinstance(o.get("value"), dict):
+                violation("unexpected", str(o)[:200])
+                continue
+            k = (o.get("key"), o["value"].get("event_id"))
+            if k not in first:
+                violation("dedup_unexpected", str(k))
+                continue
+            seen[k] += 1
+            if seen[k] == 1 and o["value"] != first[k]:
+                violation("dedup_value_wrong", f"{k}: {str(o['value'])[:120]}")
+        for k in first:
+            if seen[k] == 0:
+                violation("dedup_missing", str(k))
+        duplicates = sum(n - 1 for n in seen.values() if n > 1)
+        extra["distinct"] = len(first)
+    elif args.contract == "window":
+        model = {}
+        newest = {}
+        for _, v, p in inputs:
+            e = json.loads(v)
+            ts, amount = int(e["ts"]), float(e["amount"])
+            newest[p] = max(newest.get(p, ts), ts)
+            w = (e["user_id"], ts - ts % WINDOW_MS)
+            c = model.get(w)
+            model[w] = [1, amount, amount, amount] if c is None else [
+                c[0] + 1, c[1] + amount, min(c[2], amount), max(c[3], amount)]
+        bound = min(newest.values()) if newest else 0
+        required = {w for w in model if w[1] + WINDOW_MS + OUT_OF_ORDERNESS_MS <= bound}
+        seen = collections.Counter()
+        for _, v in outputs:
+            o = json.loads(v)
+            rid = o.get("rule_id")
+            fn = rid[7:] if isinstance(rid, str) and rid.startswith("window-") else None
+            win = o.get("window") if isinstance(o.get("window"), dict) else {}
+            if fn not in WINDOW_FNS or "start" not in win:
+                violation("unexpected", str(o)[:200])
+                continue
+            w = (o.get("key"), int(win["start"]))
+            if w not in model:
+                violation("window_unexpected", str(o)[:200])
+                continue
+            seen[(w, fn)] += 1
+            want = model[w][WINDOW_FNS.index(fn)]
+            if int(win.get("end", -1)) != w[1] + WINDOW_MS or not close(float(o.get("value")), want):
+                violation("window_wrong", f"{w} {fn}: {o.get('value')} != {want} ({str(o)[:120]})")
+        for w in required:
+            for fn in WINDOW_FNS:
+                if seen[(w, fn)] == 0:
+                    violation("window_missing", f"{w} {fn} of {model[w]}")
+        duplicates = sum(n - 1 for n in seen.values() if n > 1)
+        extra.update({"windows": len(model), "windows_required": len(required),
+                      "windows_emitted": len({w for w, _ in seen}),
+                      "watermark_bound_ms": bound - OUT_OF_ORDERNESS_MS})
     else:
         per_key = collections.Counter()
         distinct = set()
         sums = collections.defaultdict(float)
         per_type = collections.Counter()
-        for _, v in inputs:
+        for _, v, _ in inputs:
             e = json.loads(v)
             k = e["user_id"]
             per_key[k] += 1
@@ -144,12 +228,12 @@ def check(args):
                 continue
             duplicates += sum(c - 1 for c in seen.values() if c > 1)
             got = last_sum.get(key)
-            if got is None or abs(got - sums[key]) > 1e-6 * max(1.0, abs(sums[key])):
+            if got is None or not close(got, sums[key]):
                 violation("sum_wrong", f"{key}: {got} != {sums[key]}")
     if duplicates and not args.at_least_once:
         violation("duplicates", f"{duplicates} outputs more than once")
     report = {"contract": args.contract, "inputs": len(inputs), "outputs": len(outputs),
-              "duplicates": duplicates, "violations": dict(problems), "examples": examples,
+              "duplicates": duplicates, **extra, "violations": dict(problems), "examples": examples,
               "ok": not problems}
     print(json.dumps(report))
     return 0 if not problems else 1
@@ -160,7 +244,7 @@ def main():
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
-    ap.add_argument("--contract", choices=["passthrough", "json", "workload"], required=True)
+    ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window"], required=True)
     ap.add_argument("--at-least-once", action="store_true")
     try:
         sys.exit(check(ap.parse_args()))

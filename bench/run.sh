@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One command for streamstate's side-by-side benchmarks: builds, starts its own broker
-# (pinned to CPU 0), fills the input once, runs each contender (pinned to CPU 1) from
-# offset 0 into its own output topic, checks every output, writes BENCHMARKS.md and a
-# PNG. A benchmark, never a test: it reports figures and fails only when a contender
-# crashes or its output is wrong. See bench/README.md.
+# (pinned to CPU 0), fills the inputs once, runs each contender (pinned to CPU 1) from
+# offset 0 into its own output topic, per workload, checks every output, writes
+# BENCHMARKS.md and a PNG. A benchmark, never a test: it reports figures and fails only
+# when a contender crashes or its output is wrong. See bench/README.md.
 #
-#   bench/run.sh
+#   bench/run.sh                                   # everything (~3 h; see bench/README.md)
+#   BENCH_WORKLOADS=S bench/run.sh                 # or in parts: part 1
+#   BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
+#   BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh          # part 3, merged
 #
 # Environment (defaults in brackets):
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
@@ -19,14 +22,27 @@
 #                           near 0.93 GB after ~10 min, and at most 90% of the input is read
 #                           before the kill). Empty: the recovery run reads the main input
 #                           and is killed at half of it
-#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q]    (unavailable ones are skipped and named)
+#   BENCH_WORKLOADS [S,S-zipf,D,W]  S: bench/rules.json on the main input (+ latency runs and
+#                           the state sweep); S-zipf: the same on BENCH_ZIPF_KEYS [100000] keys,
+#                           Zipf(1.0), BENCH_EVENTS events; D: dedup (rules-d.json); W: tumbling
+#                           event-time windows (rules-w.json), both on the main input
+#   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
+#                           are taken from it into the report (and its latency and sweep
+#                           figures when this run has no S)
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q,F]  (unavailable ones are skipped and named;
+#                           each workload runs those that can express it: D, W and S-zipf
+#                           S-EO, KS, Q, F)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
+#   BENCH_BUILD [1]  0: no cargo build; the streamstate, bench-generator and bench-latency
+#                           binaries already in $CARGO_TARGET_DIR/release are used as they are
 #   BENCH_CARGO_FEATURES [""]  extra features for the build (e.g. streamstate/failpoints, to
 #                               reuse a test build; the crash points stay inert)
 #   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
+#   BENCH_FLINK_REST_PORT [19481]  the Flink MiniCluster's REST API (checkpoint figures)
 #   KAFKA_PORT [19792] KAFKA_CONTROLLER_PORT [19793] STREAMSTATE_KAFKA_HOME [$BENCH_WORK/kafka]
-#   CARGO_TARGET_DIR [target]
+#   CARGO_TARGET_DIR [/var/tmp/streamstate-target]  (the README's and every script's: a
+#                           first run reuses the RocksDB build instead of redoing it)
 set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
 EVENTS="${BENCH_EVENTS:-1000000}"
@@ -35,11 +51,14 @@ DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
 REPEATS="${BENCH_REPEATS:-3}"
 INTERVAL="${BENCH_INTERVAL:-1s}"
-CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,KS,Q}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,KS,Q,F}"
+WORKLOADS="${BENCH_WORKLOADS:-S,S-zipf,D,W}"
+ZIPF_KEYS="${BENCH_ZIPF_KEYS:-100000}"
 WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"
 export KAFKA_PORT="${KAFKA_PORT:-19792}" KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19793}"
 export STREAMSTATE_KAFKA_HOME="${STREAMSTATE_KAFKA_HOME:-$WORK/kafka}"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
+TARGET="$CARGO_TARGET_DIR"
 BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 log() { printf 'bench/run.sh: %s\n' "$*" >&2; }
 
@@ -47,11 +66,16 @@ log() { printf 'bench/run.sh: %s\n' "$*" >&2; }
 command -v taskset >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }
 mkdir -p "$WORK"
 
-log "building (release)"
-features=()
-[[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
-(cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
-    --bin streamstate --bin bench-generator --bin bench-latency >&2)
+if [[ "${BENCH_BUILD:-1}" != 0 ]]; then
+    log "building (release)"
+    features=()
+    [[ -n "${BENCH_CARGO_FEATURES:-}" ]] && features=(--features "$BENCH_CARGO_FEATURES")
+    (cd "$ROOT" && cargo build --release "${features[@]}" -p streamstate -p streamstate-bench-generator \
+        --bin streamstate --bin bench-generator --bin bench-latency >&2)
+fi
+for bin in streamstate bench-generator bench-latency; do
+    [[ -x "$TARGET/release/$bin" ]] || { log "$TARGET/release/$bin missing (BENCH_BUILD=0 needs it built)"; exit 2; }
+done
 
 log "python venv (confluent-kafka, matplotlib)"
 VENV="$WORK/venv"
@@ -66,6 +90,13 @@ if [[ ",$CONTENDERS," == *",KS,"* ]]; then
         extra+=(--kstreams-jar "$jar")
     else
         log "Kafka Streams contender could not be built: skipped"
+    fi
+fi
+if [[ ",$CONTENDERS," == *",F,"* ]]; then
+    if fcp="$("$ROOT/bench/flink/build.sh" 2>&2 | tail -n1)" && [[ -n "$fcp" ]]; then
+        extra+=(--flink-classpath "$fcp")
+    else
+        log "Apache Flink contender could not be built: skipped"
     fi
 fi
 if [[ ",$CONTENDERS," == *",Q,"* ]]; then
@@ -102,8 +133,25 @@ summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$
     --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
     --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
 log "input: $summary"
+# D's and W's rules, each on its own control topic (published like rules.json).
+for w in D W; do
+    if [[ ",$WORKLOADS," == *",$w,"* ]]; then
+        lc="$(tr 'A-Z' 'a-z' <<<"$w")"
+        "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 --events 0 \
+            --rules "$ROOT/bench/rules-$lc.json" --control-topic "$RULES_TOPIC-$lc" >/dev/null
+        extra+=(--rules-topic-"$lc" "$RULES_TOPIC-$lc")
+    fi
+done
+if [[ ",$WORKLOADS," == *",S-zipf,"* ]]; then
+    ZIPF_TOPIC="bench-in-zipf-$ZIPF_KEYS-$EVENTS-$SEED-$run_id"
+    log "generating $EVENTS events over $ZIPF_KEYS Zipf(1.0) keys into $ZIPF_TOPIC (S-zipf)"
+    zsummary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$ZIPF_TOPIC" --partitions 4 \
+        --events "$EVENTS" --keys "$ZIPF_KEYS" --dist zipf --seed "$SEED" | tail -n1)"
+    extra+=(--zipf-input "$ZIPF_TOPIC" --zipf-summary "$zsummary")
+fi
+[[ -n "${BENCH_MERGE:-}" ]] && extra+=(--merge "$BENCH_MERGE")
 sweep=()
-if [[ -n "${BENCH_STATE_SWEEP_MB-100,1000}" && ",$CONTENDERS," == *",S-EO,"* ]]; then
+if [[ -n "${BENCH_STATE_SWEEP_MB-100,1000}" && ",$CONTENDERS," == *",S-EO,"* && ",$WORKLOADS," == *",S,"* ]]; then
     SWEEP_TOPIC="bench-sweep-$run_id"
     log "generating ${BENCH_SWEEP_EVENTS:-20000000} events over ${BENCH_SWEEP_KEYS:-100000000} keys into $SWEEP_TOPIC (state sweep)"
     "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$SWEEP_TOPIC" --partitions 4 \
@@ -114,10 +162,11 @@ fi
 
 "$VENV/bin/python" "$ROOT/bench/bench.py" --bootstrap "$BOOTSTRAP" --input "$INPUT" \
     --rules-topic "$RULES_TOPIC" --streamstate "$TARGET/release/streamstate" \
-    --contenders "$CONTENDERS" --repeats "$REPEATS" --interval "$INTERVAL" \
+    --contenders "$CONTENDERS" --workloads "$WORKLOADS" --repeats "$REPEATS" --interval "$INTERVAL" \
     --work "$WORK/runs/$run_id" --generator-summary "$summary" --label "${BENCH_LABEL:-}" \
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
-    --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
+    --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" \
+    --flink-rest-port "${BENCH_FLINK_REST_PORT:-19481}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
     --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
     "${extra[@]}" "${sweep[@]}"

@@ -18,6 +18,8 @@ if [ "${1:-}" != "--build-only" ]; then
   # The test broker runs on the JVM; its jars come from Maven Central.
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  # javac: the benchmark's Kafka Streams and Flink contenders are compiled in CI
+  command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
   need_pkg python3-venv    # the S3 test server (moto) installs into a venv
   # The console's browser test (integration-tests/console.rs): Debian's Chromium, driven
   # by playwright-core from web/node_modules (npm ci), which never downloads a browser.

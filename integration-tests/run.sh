@@ -62,6 +62,14 @@ features=(--features streamstate/failpoints)
 echo "== build (release: one RocksDB build serves tests, demo and benches)"
 cargo build --release --workspace --all-targets --locked "${features[@]}"
 
+# The benchmark's JVM contenders (bench/run.sh builds and runs them; CI only compiles them,
+# so an API change in Kafka Streams or Flink shows here and not at the next benchmark).
+# Maven Central into ~/.m2 once (~140 MB for Flink 2.2 and its Kafka connector).
+echo "== benchmark contenders compile (Maven: bench/kstreams, bench/flink; no benchmark run)"
+for pom in bench/kstreams/pom.xml bench/flink/pom.xml; do
+  mvn -q -B -Dstyle.color=never -f "$root/$pom" compile
+done
+
 echo "== unit tests (no broker needed; S3 storage tests use moto at $STREAMSTATE_TEST_S3_ENDPOINT)"
 cargo test --release --workspace --locked "${features[@]}" --lib --bins
 echo "== doc tests (API examples; the compile-fail proof that keyed code cannot write broadcast state)"
