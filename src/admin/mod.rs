@@ -11,7 +11,7 @@
 //! savepoints of earlier runs, from reading the savepoint location.
 
 mod auth;
-mod control_producer;
+pub mod control_producer;
 #[doc(hidden)]
 pub mod fuzzing;
 mod routes;
