@@ -107,7 +107,10 @@ fn count_rule(id: &str, version: u64) -> Value {
 #[test]
 fn validate_accepts_good_files_and_names_file_rule_and_pointer_of_each_bad_one() {
     let s = Setup::new("rules-validate", "127.0.0.1:1", false);
-    let good = s.file("good.json", &json!([count_rule("a", 1), count_rule("b", 2)]));
+    let good = s.file(
+        "good.json",
+        &json!([count_rule("a", 1), count_rule("b", 2)]),
+    );
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rules");
     let mut shipped_files: Vec<String> = std::fs::read_dir(&shipped)
         .expect("config/rules")
@@ -118,7 +121,10 @@ fn validate_accepts_good_files_and_names_file_rule_and_pointer_of_each_bad_one()
     args.extend(shipped_files.iter().map(String::as_str));
     let (code, stdout, stderr) = streamstate(&args);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(stdout.contains("ok a version 1") && stdout.contains("ok b version 2"), "{stdout}");
+    assert!(
+        stdout.contains("ok a version 1") && stdout.contains("ok b version 2"),
+        "{stdout}"
+    );
     assert!(stdout.contains("ok count-per-user version 1"), "{stdout}");
 
     // (file, body, the rule id, the pointer the refusal must name)
@@ -182,10 +188,14 @@ fn publish_refuses_bad_files_and_stale_versions_and_publishes_nothing() {
     let (code, _, stderr) = s.rules("publish", &[&good, &bad]);
     assert_eq!(code, 3, "{stderr}");
     assert!(
-        stderr.contains(&format!("refused: {bad}: rule \"b\": ")) && stderr.contains("nothing was published"),
+        stderr.contains(&format!("refused: {bad}: rule \"b\": "))
+            && stderr.contains("nothing was published"),
         "{stderr}"
     );
-    assert!(s.topic().is_empty(), "a bad file publishes nothing, not even the good one");
+    assert!(
+        s.topic().is_empty(),
+        "a bad file publishes nothing, not even the good one"
+    );
 
     let (code, stdout, stderr) = s.rules("publish", &[&good]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
@@ -214,11 +224,17 @@ fn publish_list_diff_and_delete_reach_the_control_topic_as_the_job_reads_it() {
     let b1 = s.file("b.json", &count_rule("b", 5));
     let (code, stdout, stderr) = s.rules("publish", &[&a1, &b1]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(stdout.contains("published a version 1") && stdout.contains("published b version 5"), "{stdout}");
+    assert!(
+        stdout.contains("published a version 1") && stdout.contains("published b version 5"),
+        "{stdout}"
+    );
     let records = s.topic();
     assert_eq!(
         records,
-        vec![("a".to_string(), count_rule("a", 1)), ("b".to_string(), count_rule("b", 5))],
+        vec![
+            ("a".to_string(), count_rule("a", 1)),
+            ("b".to_string(), count_rule("b", 5))
+        ],
         "record key = rule id, value = the file's rule"
     );
 
@@ -241,7 +257,10 @@ fn publish_list_diff_and_delete_reach_the_control_topic_as_the_job_reads_it() {
     };
     assert_eq!(line("a")[1..4], ["1", "active", "aggregate"]);
     assert_eq!(line("b")[1..3], ["5", "active"]);
-    assert!(stdout.contains("2 in force, 0 deleted; 2 records read"), "{stdout}");
+    assert!(
+        stdout.contains("2 in force, 0 deleted; 2 records read"),
+        "{stdout}"
+    );
 
     let mut a2 = count_rule("a", 2);
     a2["aggregate"]["fn"] = json!("sum");
@@ -267,7 +286,10 @@ fn publish_list_diff_and_delete_reach_the_control_topic_as_the_job_reads_it() {
     assert_eq!(records[2], ("a".to_string(), a2));
     assert_eq!(
         records[3],
-        ("b".to_string(), json!({"id": "b", "version": 6, "status": "deleted"})),
+        (
+            "b".to_string(),
+            json!({"id": "b", "version": 6, "status": "deleted"})
+        ),
         "a delete is a newer version with status deleted"
     );
 
@@ -277,7 +299,10 @@ fn publish_list_diff_and_delete_reach_the_control_topic_as_the_job_reads_it() {
     let (code, _, stderr) = s.rules("delete", &["never-published"]);
     assert_eq!(code, 3, "{stderr}");
     let (code, _, stderr) = s.rules("publish", &[&b1]);
-    assert_eq!(code, 3, "an old version cannot bring a deleted rule back: {stderr}");
+    assert_eq!(
+        code, 3,
+        "an old version cannot bring a deleted rule back: {stderr}"
+    );
     assert_eq!(s.topic().len(), 4, "refusals publish nothing");
 
     let (code, stdout, _) = s.rules("list", &["--json"]);
@@ -292,8 +317,14 @@ fn publish_list_diff_and_delete_reach_the_control_topic_as_the_job_reads_it() {
             .cloned()
             .unwrap_or_else(|| panic!("{id} in {listed}"))
     };
-    assert_eq!((by_id("a")["version"].clone(), by_id("a")["status"].clone()), (json!(2), json!("active")));
-    assert_eq!((by_id("b")["version"].clone(), by_id("b")["status"].clone()), (json!(6), json!("deleted")));
+    assert_eq!(
+        (by_id("a")["version"].clone(), by_id("a")["status"].clone()),
+        (json!(2), json!("active"))
+    );
+    assert_eq!(
+        (by_id("b")["version"].clone(), by_id("b")["status"].clone()),
+        (json!(6), json!("deleted"))
+    );
 }
 
 #[test]
@@ -305,14 +336,26 @@ fn list_reports_records_the_job_would_ignore_or_refuse() {
             ("a".into(), Some(count_rule("a", 3).to_string())),
             ("a".into(), Some(count_rule("a", 2).to_string())),
             ("x".into(), Some("{not json".into())),
-            ("y".into(), Some(json!({"id": "y", "version": 1, "kind": "nope"}).to_string())),
+            (
+                "y".into(),
+                Some(json!({"id": "y", "version": 1, "kind": "nope"}).to_string()),
+            ),
         ],
     );
     let (code, stdout, stderr) = s.rules("list", &[]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("1 in force, 0 deleted; 4 records read"), "{stdout}");
-    assert!(stdout.contains("(a): version 2 ignored: not above 3"), "{stdout}");
-    assert!(stdout.contains("(x): ") && stdout.contains("(y): refused by the rule engine"), "{stdout}");
+    assert!(
+        stdout.contains("1 in force, 0 deleted; 4 records read"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(a): version 2 ignored: not above 3"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(x): ") && stdout.contains("(y): refused by the rule engine"),
+        "{stdout}"
+    );
 }
 
 #[test]

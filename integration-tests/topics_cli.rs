@@ -130,19 +130,23 @@ fn create_with(topic: &str, partitions: i32, settings: &[(&str, &str)]) {
 fn wait_visible(topics: &[&str]) {
     use rdkafka::consumer::Consumer;
     let probe = consumer(None, false);
-    wait_until("the new topics to have leaders", Duration::from_secs(30), || {
-        topics.iter().all(|t| {
-            probe
-                .fetch_metadata(Some(t), Duration::from_secs(5))
-                .is_ok_and(|md| {
-                    md.topics().iter().any(|m| {
-                        m.name() == *t
-                            && m.error().is_none()
-                            && m.partitions().iter().all(|p| p.leader() >= 0)
+    wait_until(
+        "the new topics to have leaders",
+        Duration::from_secs(30),
+        || {
+            topics.iter().all(|t| {
+                probe
+                    .fetch_metadata(Some(t), Duration::from_secs(5))
+                    .is_ok_and(|md| {
+                        md.topics().iter().any(|m| {
+                            m.name() == *t
+                                && m.error().is_none()
+                                && m.partitions().iter().all(|p| p.leader() >= 0)
+                        })
                     })
-                })
-        })
-    });
+            })
+        },
+    );
 }
 
 #[test]
@@ -153,7 +157,10 @@ fn check_lists_every_needed_topic_and_create_makes_the_missing_ones_usable() {
     let repartition = format!("{}-repartition", n.app);
 
     let (code, stdout, stderr) = streamstate(&["topics", "check"], &config);
-    assert_eq!(code, 3, "missing topics fail the check:\n{stdout}\n{stderr}");
+    assert_eq!(
+        code, 3,
+        "missing topics fail the check:\n{stdout}\n{stderr}"
+    );
     for (topic, role) in [
         (&n.input, "input"),
         (&n.output, "output"),
@@ -161,16 +168,20 @@ fn check_lists_every_needed_topic_and_create_makes_the_missing_ones_usable() {
         (&n.control, "control"),
     ] {
         let r = row(&stdout, topic);
-        assert_eq!((r[0].as_str(), r[3].as_str()), (role, "MISSING"), "{stdout}");
+        assert_eq!(
+            (r[0].as_str(), r[3].as_str()),
+            (role, "MISSING"),
+            "{stdout}"
+        );
     }
     assert_eq!(row(&stdout, &repartition)[3], "absent", "{stdout}");
     assert!(
-        stderr.contains("error: 4 of 5 topics missing or wrong") && stderr.contains("topics create"),
+        stderr.contains("error: 4 of 5 topics missing or wrong")
+            && stderr.contains("topics create"),
         "{stderr}"
     );
 
-    let (code, stdout, stderr) =
-        streamstate(&["topics", "create", "--partitions", "3"], &config);
+    let (code, stdout, stderr) = streamstate(&["topics", "create", "--partitions", "3"], &config);
     assert_eq!(code, 0, "create then check passes:\n{stdout}\n{stderr}");
     for t in [&n.input, &n.output, &n.dlq, &n.control, &repartition] {
         assert!(stdout.contains(&format!("created {t} (")), "{stdout}");
@@ -178,12 +189,19 @@ fn check_lists_every_needed_topic_and_create_makes_the_missing_ones_usable() {
     }
     // What the broker has, read independently of the tool.
     assert_eq!(row(&stdout, &n.input)[2], "3");
-    assert_eq!(row(&stdout, &repartition)[2], "3", "one partition per key group");
+    assert_eq!(
+        row(&stdout, &repartition)[2],
+        "3",
+        "one partition per key group"
+    );
     assert_eq!(topic_config(&n.control)["cleanup.policy"], "compact");
     let dlq_max: usize = topic_config(&n.dlq)["max.message.bytes"]
         .parse()
         .expect("number");
-    assert!(dlq_max >= 1_000_000, "the largest dead letter fits: {dlq_max}");
+    assert!(
+        dlq_max >= 1_000_000,
+        "the largest dead letter fits: {dlq_max}"
+    );
 
     let (code, stdout, _) = streamstate(&["topics", "create"], &config);
     assert_eq!(code, 0);
@@ -220,7 +238,10 @@ fn check_names_wrong_settings_and_create_leaves_existing_topics_alone() {
         );
         let control = row(&stdout, &n.control);
         assert_eq!(control[3], "WRONG", "{stdout}");
-        assert!(control[4].contains("cleanup.policy delete must be compact"), "{stdout}");
+        assert!(
+            control[4].contains("cleanup.policy delete must be compact"),
+            "{stdout}"
+        );
         assert_eq!(row(&stdout, &n.output)[3], "ok", "{stdout}");
     }
     assert_eq!(

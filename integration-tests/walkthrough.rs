@@ -62,7 +62,10 @@ fn marked_blocks(markdown: &str) -> Vec<Block> {
             fence.starts_with("```"),
             "README: `<!-- walkthrough: {kind} -->` must be followed by a code block, got {fence:?}"
         );
-        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+        let body: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
         let text = body.join("\n") + "\n";
         out.push(match kind {
             "run" => Block::Run(text),
@@ -201,22 +204,27 @@ fn clean_slate() {
     let present = |name: &str| {
         probe
             .fetch_metadata(Some(name), Duration::from_secs(5))
-            .is_ok_and(|md| md.topics().iter().any(|t| t.name() == name && t.error().is_none()))
+            .is_ok_and(|md| {
+                md.topics()
+                    .iter()
+                    .any(|t| t.name() == name && t.error().is_none())
+            })
     };
     let existing: Vec<&str> = TOPICS.iter().copied().filter(|t| present(t)).collect();
     if !existing.is_empty() {
-        let results = futures::executor::block_on(
-            admin.delete_topics(&existing, &AdminOptions::new()),
-        )
-        .expect("delete topics");
+        let results =
+            futures::executor::block_on(admin.delete_topics(&existing, &AdminOptions::new()))
+                .expect("delete topics");
         for r in results {
             if let Err((t, e)) = r {
                 panic!("delete topic {t}: {e}");
             }
         }
-        wait_until("the old walk-through topics to be gone", Duration::from_secs(60), || {
-            existing.iter().all(|t| !present(t))
-        });
+        wait_until(
+            "the old walk-through topics to be gone",
+            Duration::from_secs(60),
+            || existing.iter().all(|t| !present(t)),
+        );
     }
     // The group's offsets went with its topics; an empty group left behind is harmless,
     // but delete it so the start is truly the first. "Not found" is fine.
@@ -274,7 +282,9 @@ fn readme_walkthrough_runs_as_printed_and_prints_what_it_promises() {
                 last_stdout = Some((text.clone(), run_block(text)));
             }
             Block::Background(text) => {
-                let log = log_dir.path().join(format!("background-{}.log", background.len()));
+                let log = log_dir
+                    .path()
+                    .join(format!("background-{}.log", background.len()));
                 let child = shell(text)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())

@@ -26,7 +26,9 @@ use crate::rules::spec;
 pub enum ControlLogError {
     #[error("kafka.control_topic is not set in the config: the job reads no rules")]
     NoControlTopic,
-    #[error("kafka.control_topic: topic `{0}` does not exist (`streamstate topics create` creates it)")]
+    #[error(
+        "kafka.control_topic: topic `{0}` does not exist (`streamstate topics create` creates it)"
+    )]
     MissingTopic(String),
     #[error(transparent)]
     Client(#[from] ClientError),
@@ -96,8 +98,9 @@ pub fn read(config: &Config, client: &ClusterClient) -> Result<InForce, ControlL
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
         .set("isolation.level", "read_committed");
-    let consumer: BaseConsumer<LogContext> =
-        cc.create_with_context(LogContext::default()).map_err(kafka)?;
+    let consumer: BaseConsumer<LogContext> = cc
+        .create_with_context(LogContext::default())
+        .map_err(kafka)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for p in 0..partitions as i32 {
@@ -124,7 +127,10 @@ pub fn read(config: &Config, client: &ClusterClient) -> Result<InForce, ControlL
     }
     let mut progress = Instant::now();
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-    while ends.iter().any(|(p, end)| next.get(p).is_none_or(|n| n < end)) {
+    while ends
+        .iter()
+        .any(|(p, end)| next.get(p).is_none_or(|n| n < end))
+    {
         if progress.elapsed() > client.timeout {
             return Err(ControlLogError::Stalled {
                 topic,
@@ -162,7 +168,9 @@ pub fn read(config: &Config, client: &ClusterClient) -> Result<InForce, ControlL
         match prepared {
             Ok(candidate) => {
                 let refusal = match (&candidate.body, config.job.function) {
-                    (Some(body), FunctionKind::Rules) => engine_refusal(body, &candidate.id, candidate.version()),
+                    (Some(body), FunctionKind::Rules) => {
+                        engine_refusal(body, &candidate.id, candidate.version())
+                    }
                     _ => None,
                 };
                 match refusal {
@@ -183,7 +191,10 @@ pub fn read(config: &Config, client: &ClusterClient) -> Result<InForce, ControlL
                 format!("version {version} ignored: not above {applied}"),
             )),
             Err(RuleOutcome::Rejected(r)) => {
-                let id = m.key().and_then(|k| std::str::from_utf8(k).ok()).map(str::to_string);
+                let id = m
+                    .key()
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .map(str::to_string);
                 skipped.push(skip(id, format!("{r} ({})", r.reason())));
             }
             Err(_) => {}

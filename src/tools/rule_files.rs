@@ -167,7 +167,10 @@ fn check(rule: &Value) -> Result<(String, u64), Vec<(String, String)>> {
             "`deleted` is not a rule to publish; use `streamstate rules delete ID`".into(),
         ));
     } else if let Err(e) = spec::compile(rule) {
-        found.push((engine_pointer(&e.message), format!("{} ({})", e.message, e.reason)));
+        found.push((
+            engine_pointer(&e.message),
+            format!("{} ({})", e.message, e.reason),
+        ));
     }
     let size = rule.to_string().len();
     if size > MAX_RULE_BYTES {
@@ -176,7 +179,11 @@ fn check(rule: &Value) -> Result<(String, u64), Vec<(String, String)>> {
             format!("{size} bytes as published; the control topic takes at most {MAX_RULE_BYTES}"),
         ));
     }
-    match (found.is_empty(), rule_id(rule), rule.get("version").and_then(Value::as_u64)) {
+    match (
+        found.is_empty(),
+        rule_id(rule),
+        rule.get("version").and_then(Value::as_u64),
+    ) {
         (true, Some(id), Some(version)) => Ok((id, version)),
         (true, _, _) => Err(vec![(String::new(), "needs `id` and `version`".into())]),
         (false, _, _) => Err(found),
@@ -287,7 +294,10 @@ mod tests {
             .find(|p| p.rule.as_deref() == Some("c"))
             .expect("c refused");
         assert_eq!(c.pointer, "/2/dedup/ttl", "{c}");
-        assert!(c.to_string().contains("bad.json: rule \"c\": /2/dedup/ttl"), "{c}");
+        assert!(
+            c.to_string().contains("bad.json: rule \"c\": /2/dedup/ttl"),
+            "{c}"
+        );
         assert!(problems.iter().all(|p| p.rule.as_deref() != Some("ok")));
     }
 

@@ -132,8 +132,7 @@ pub fn plan(in_force: &InForce, rule: &RuleFile) -> Plan {
     if rule.version > current.version {
         return Plan::Publish;
     }
-    if current.status != "deleted" && rule.version == current.version && rule.body == current.rule
-    {
+    if current.status != "deleted" && rule.version == current.version && rule.body == current.rule {
         return Plan::Unchanged;
     }
     let what = if current.status == "deleted" {
@@ -345,7 +344,10 @@ fn json_diff(old: &Value, new: &Value, at: String, out: &mut Vec<String>) {
                 json_diff(x, y, format!("{at}/{i}"), out);
             }
         }
-        (a, b) if a != b => out.push(format!("{}: {a} -> {b}", if at.is_empty() { "/" } else { &at })),
+        (a, b) if a != b => out.push(format!(
+            "{}: {a} -> {b}",
+            if at.is_empty() { "/" } else { &at }
+        )),
         _ => {}
     }
 }
@@ -404,7 +406,10 @@ mod tests {
     fn in_force(rules: Vec<RuleView>) -> InForce {
         InForce {
             topic: "rules".into(),
-            rules: rules.into_iter().map(|r| (r.id.clone(), r)).collect::<BTreeMap<_, _>>(),
+            rules: rules
+                .into_iter()
+                .map(|r| (r.id.clone(), r))
+                .collect::<BTreeMap<_, _>>(),
             skipped: Vec::new(),
             records: 0,
         }
@@ -412,7 +417,8 @@ mod tests {
 
     #[test]
     fn publish_plans_follow_the_versions_in_force() {
-        let body = json!({"id": "a", "version": 2, "kind": "aggregate", "aggregate": {"fn": "count"}});
+        let body =
+            json!({"id": "a", "version": 2, "kind": "aggregate", "aggregate": {"fn": "count"}});
         let state = in_force(vec![
             view("a", 2, "active", body.clone()),
             view("d", 5, "deleted", Value::Null),
@@ -422,9 +428,18 @@ mod tests {
         assert_eq!(plan(&state, &file("new", 1, body.clone())), Plan::Publish);
         let mut changed = body.clone();
         changed["aggregate"]["fn"] = json!("sum");
-        assert!(matches!(plan(&state, &file("a", 2, changed)), Plan::Refuse(_)));
-        assert!(matches!(plan(&state, &file("a", 1, body.clone())), Plan::Refuse(_)));
-        assert!(matches!(plan(&state, &file("d", 5, body.clone())), Plan::Refuse(_)));
+        assert!(matches!(
+            plan(&state, &file("a", 2, changed)),
+            Plan::Refuse(_)
+        ));
+        assert!(matches!(
+            plan(&state, &file("a", 1, body.clone())),
+            Plan::Refuse(_)
+        ));
+        assert!(matches!(
+            plan(&state, &file("d", 5, body.clone())),
+            Plan::Refuse(_)
+        ));
         assert_eq!(plan(&state, &file("d", 6, body)), Plan::Publish);
     }
 
@@ -442,7 +457,11 @@ mod tests {
         ]);
         let text = diff(
             &state,
-            &[file("a", 2, a2), file("c", 1, json!({"id": "c"})), file("n", 1, json!({}))],
+            &[
+                file("a", 2, a2),
+                file("c", 1, json!({"id": "c"})),
+                file("n", 1, json!({})),
+            ],
         );
         assert_eq!(
             text,

@@ -123,13 +123,17 @@ pub fn needs(config: &Config, existing: &BTreeMap<String, TopicInfo>) -> Vec<Nee
     let keyed_instances = config.job.instances > 1 && !config.job.repartition;
     // As the job derives it (src/job.rs): the first input topic's count with several
     // keyed instances, else every input partition.
-    let max_parallelism = config.state.max_parallelism.map(|n| n as usize).or_else(|| {
-        if keyed_instances {
-            k.input_topics.first().and_then(count)
-        } else {
-            k.input_topics.iter().map(count).sum()
-        }
-    });
+    let max_parallelism = config
+        .state
+        .max_parallelism
+        .map(|n| n as usize)
+        .or_else(|| {
+            if keyed_instances {
+                k.input_topics.first().and_then(count)
+            } else {
+                k.input_topics.iter().map(count).sum()
+            }
+        });
     let mut out: Vec<Need> = k
         .input_topics
         .iter()
