@@ -1,5 +1,5 @@
-//! The `streamstate` binary: `run`, `check-config`, `demo`, `checkpoints …` and
-//! `check-restore`. Errors become one line on
+//! The `streamstate` binary: `run`, `check-config`, `demo`, `checkpoints …`,
+//! `check-restore`, and the operator verbs `topics …` and `rules …`. Errors become one line on
 //! stderr and a non-zero exit; everything below this file returns typed errors.
 
 mod demo;
@@ -107,6 +107,18 @@ enum Command {
     /// Would a restore from this checkpoint or savepoint succeed with this binary and
     /// config? Per state: keep / migrate / new / drop / fail. Exit code 3: it would fail.
     CheckRestore(tools::check_restore::CheckRestoreArgs),
+    /// The topics a config needs: `check` them, `create` the missing ones (see
+    /// docs/topics.md). Exit code 3: a topic is missing or wrong.
+    Topics {
+        #[command(subcommand)]
+        command: tools::topics::TopicsCommand,
+    },
+    /// Rule files to the control topic: `validate`, `publish`, `delete`, `list`, `diff`
+    /// (see docs/rules-cli.md). Exit code 3: refused, nothing published.
+    Rules {
+        #[command(subcommand)]
+        command: tools::rules_cli::RulesCommand,
+    },
     /// Run the job on an in-process mock Kafka with generated events (no broker needed).
     Demo {
         /// Stop after this long (e.g. `60s`); default: until Ctrl-C.
@@ -181,6 +193,8 @@ fn main() -> ExitCode {
             command,
         } => tools::run_checkpoints(&config, instance, command),
         Command::CheckRestore(args) => tools::check_restore::run(args),
+        Command::Topics { command } => tools::topics::run(command),
+        Command::Rules { command } => tools::rules_cli::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,7 @@
 
 mod auth;
 mod console;
-mod control_producer;
+pub mod control_producer;
 #[doc(hidden)]
 pub mod fuzzing;
 mod instance;

@@ -8,15 +8,24 @@
 //! One concept per file: [`list`], [`inspect`], [`verify`], [`export`] (and its value
 //! [`decoders`]), [`import`], [`surgery`], [`savepoint_out`] (the one savepoint writer),
 //! [`check_restore`].
+//!
+//! The operator verbs on the cluster live here too: [`topics`] (the topics a config
+//! needs) and [`rules_cli`] (rule files to the control topic), on [`cluster_client`],
+//! [`control_log`] and [`rule_files`].
 
 pub mod check_restore;
+pub mod cluster_client;
+pub mod control_log;
 pub mod decoders;
 pub mod export;
 pub mod import;
 pub mod inspect;
 pub mod list;
+pub mod rule_files;
+pub mod rules_cli;
 pub mod savepoint_out;
 pub mod surgery;
+pub mod topics;
 pub mod verify;
 
 use std::path::{Path, PathBuf};
