@@ -17,6 +17,7 @@
 //! | [`checkpointed`] | `CheckpointedFunction` hooks |
 //! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
+//! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
 //! | [`layout`] | the byte layout every backend and the savepoint format share |
@@ -78,6 +79,7 @@
 //! contiguous scan; see [`layout`] and [`snapshot`] for the on-disk formats.
 
 pub mod backend;
+pub mod cache;
 pub mod checkpointed;
 pub mod clock;
 pub mod context;
@@ -96,6 +98,7 @@ pub mod timers;
 pub mod ttl;
 
 pub use backend::BackendKind;
+pub use cache::{CacheStats, DEFAULT_CACHE_BYTES};
 pub use checkpointed::{
     CheckpointedFunction, FunctionInitializationContext, FunctionSnapshotContext,
 };
