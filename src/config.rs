@@ -180,6 +180,20 @@ pub struct StateConfig {
     /// Number of key groups, fixed at the first start; defaults to the input partition count.
     #[serde(default)]
     pub max_parallelism: Option<u32>,
+    /// Capacity of the write-back state cache in front of the backend (estimated bytes of
+    /// cached keys and values), written into the backend at every checkpoint barrier and
+    /// when full; 0 turns it off. Unset: off (see `streamstate_state::default_cache_bytes_for`
+    /// for the measurements behind that).
+    #[serde(default)]
+    pub cache_bytes: Option<u64>,
+}
+
+impl StateConfig {
+    /// `cache_bytes`, or the backend's default when unset.
+    pub fn effective_cache_bytes(&self) -> u64 {
+        self.cache_bytes
+            .unwrap_or_else(|| streamstate_state::default_cache_bytes_for(self.backend))
+    }
 }
 
 impl Default for StateConfig {
@@ -188,6 +202,7 @@ impl Default for StateConfig {
             backend: default_backend(),
             dir: default_state_dir(),
             max_parallelism: None,
+            cache_bytes: None,
         }
     }
 }
@@ -737,6 +752,25 @@ key = "/user"
         assert_eq!(c.state.backend, BackendKind::Rocksdb);
         assert_eq!(c.transactional_id(2), "app-0-2");
         assert_eq!(c.legacy_transactional_id(), "app-0");
+    }
+
+    #[test]
+    fn state_cache_is_off_unless_set() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Config::load(&write(&dir, MINIMAL)).expect("load");
+        assert_eq!(c.state.effective_cache_bytes(), 0, "off unless set");
+        let c = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[state]\nbackend = \"hashmap\"\n"),
+        ))
+        .expect("load");
+        assert_eq!(c.state.effective_cache_bytes(), 0);
+        let c = Config::load(&write(
+            &dir,
+            &format!("{MINIMAL}\n[state]\nbackend = \"hashmap\"\ncache_bytes = 1048576\n"),
+        ))
+        .expect("load");
+        assert_eq!(c.state.effective_cache_bytes(), 1 << 20);
     }
 
     #[test]

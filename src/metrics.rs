@@ -45,6 +45,13 @@ pub struct Metrics {
     pub state_size: IntGauge,
     pub state_keys: IntGauge,
     pub ttl_expired: IntCounter,
+    /// The state cache (`state.cache_bytes`): reads it answered, reads that went to the
+    /// backend, entries evicted (dirty ones written back), bytes held. Set from
+    /// `StateStore::cache_stats` by [`Metrics::observe_state_cache`].
+    pub state_cache_hits: IntCounter,
+    pub state_cache_misses: IntCounter,
+    pub state_cache_evictions: IntCounter,
+    pub state_cache_bytes: IntGauge,
     pub http_requests: IntCounterVec,
     pub http_duration: prometheus::HistogramVec,
     /// Set at every scrape from the transaction tracker, so it grows while the loop is
@@ -206,6 +213,22 @@ impl Metrics {
                 "streamstate_state_ttl_expired_total",
                 "State entries removed because their TTL expired.",
             )?,
+            state_cache_hits: IntCounter::new(
+                "streamstate_state_cache_hits_total",
+                "State reads answered by the write-back state cache.",
+            )?,
+            state_cache_misses: IntCounter::new(
+                "streamstate_state_cache_misses_total",
+                "State reads that went to the state backend (cache off: every read).",
+            )?,
+            state_cache_evictions: IntCounter::new(
+                "streamstate_state_cache_evictions_total",
+                "State cache entries evicted because it was full (dirty ones written back first).",
+            )?,
+            state_cache_bytes: IntGauge::new(
+                "streamstate_state_cache_bytes",
+                "Estimated bytes the state cache holds (bounded by state.cache_bytes).",
+            )?,
             http_requests: IntCounterVec::new(
                 Opts::new(
                     "streamstate_http_requests_total",
@@ -304,6 +327,12 @@ impl Metrics {
         m.registry.register(Box::new(m.state_size.clone()))?;
         m.registry.register(Box::new(m.state_keys.clone()))?;
         m.registry.register(Box::new(m.ttl_expired.clone()))?;
+        m.registry.register(Box::new(m.state_cache_hits.clone()))?;
+        m.registry
+            .register(Box::new(m.state_cache_misses.clone()))?;
+        m.registry
+            .register(Box::new(m.state_cache_evictions.clone()))?;
+        m.registry.register(Box::new(m.state_cache_bytes.clone()))?;
         m.registry.register(Box::new(m.http_requests.clone()))?;
         m.registry.register(Box::new(m.http_duration.clone()))?;
         m.registry
@@ -336,6 +365,24 @@ impl Metrics {
     /// The private registry, for components that register their own metrics (the rule engine).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Brings the state-cache metrics up to `stats` (the store's counters since it was
+    /// opened). A store opened afresh (a restore into a new store) starts its counters
+    /// at zero again; the counters then wait until it has counted past them, so they
+    /// never go down.
+    pub fn observe_state_cache(&self, stats: &crate::state::CacheStats) {
+        for (counter, now) in [
+            (&self.state_cache_hits, stats.hits),
+            (&self.state_cache_misses, stats.misses),
+            (&self.state_cache_evictions, stats.evictions),
+        ] {
+            let seen = counter.get();
+            if now > seen {
+                counter.inc_by(now - seen);
+            }
+        }
+        self.state_cache_bytes.set(stats.bytes as i64);
     }
 
     /// Sum over all label values; for progress lines, not for hot paths.
@@ -390,5 +437,34 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
             assert!(line.starts_with("# TYPE streamstate_"), "{line}");
         }
+    }
+
+    #[test]
+    fn state_cache_metrics_follow_the_store_counters_and_never_go_down() {
+        let m = Metrics::new().expect("metrics");
+        let stats = |hits, misses, evictions, bytes| crate::state::CacheStats {
+            hits,
+            misses,
+            evictions,
+            bytes,
+            ..Default::default()
+        };
+        m.observe_state_cache(&stats(10, 4, 1, 4096));
+        m.observe_state_cache(&stats(25, 5, 1, 2048));
+        let text = m.render();
+        for line in [
+            "streamstate_state_cache_hits_total 25",
+            "streamstate_state_cache_misses_total 5",
+            "streamstate_state_cache_evictions_total 1",
+            "streamstate_state_cache_bytes 2048",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        // A fresh store counts from zero: the counters hold until it passes them.
+        m.observe_state_cache(&stats(3, 1, 0, 100));
+        assert_eq!(m.state_cache_hits.get(), 25);
+        m.observe_state_cache(&stats(30, 6, 2, 100));
+        assert_eq!(m.state_cache_hits.get(), 30);
+        assert_eq!(m.state_cache_evictions.get(), 2);
     }
 }

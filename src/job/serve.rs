@@ -215,6 +215,7 @@ impl Job {
         if expired > counted {
             p.metrics.ttl_expired.inc_by(expired - counted);
         }
+        p.metrics.observe_state_cache(&store.cache_stats());
     }
 }
 

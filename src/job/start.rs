@@ -343,7 +343,8 @@ pub(super) fn fresh_store(config: &Config, max_parallelism: u32) -> Result<State
         .dir
         .join(format!("instance-{}", config.job.instance));
     let store_config = StoreConfig::new(config.state.backend, work_dir, max_parallelism)
-        .for_instance(config.job.instance, config.job.instances);
+        .for_instance(config.job.instance, config.job.instances)
+        .with_cache_bytes(config.state.effective_cache_bytes());
     Ok(StateStore::open(store_config)?)
 }
 

@@ -1,6 +1,7 @@
-//! State benchmark (not a test): ops/s per state kind and backend, and
-//! snapshot time/size for 1M keys, plus the incremental snapshot after 1,000
-//! updates. Run: `cargo run --release -p streamstate-state --example state_bench [keys]`.
+//! State benchmark (not a test): the state cache on and off for an S-like
+//! pattern, ops/s per state kind and backend, and snapshot time/size for 1M
+//! keys, plus the incremental snapshot after 1,000 updates.
+//! Run: `cargo run --release -p streamstate-state --example state_bench [keys] [--cache-only]`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -41,14 +42,130 @@ fn rate(label: &str, kind: BackendKind, ops: u64, f: impl FnOnce() -> Result<()>
     Ok(())
 }
 
+/// A rule engine's per-key state, roughly: an accumulator per rule.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct Acc {
+    count: u64,
+    sum: f64,
+    last_ts: u64,
+}
+
+/// The S-like pattern: per event, a dedup check-and-insert of a new event id
+/// (map state with TTL) and a read-modify-write of `states` value states of
+/// the event's key, with a checkpoint (snapshot) after every
+/// `events_per_epoch` events. Returns events/s with and without the time in
+/// checkpoints, and the p50 and max checkpoint times (the barrier write-back
+/// of the cache is part of the checkpoint).
+fn s_like(
+    kind: BackendKind,
+    cache_bytes: u64,
+    keys: u64,
+    events_per_epoch: u64,
+    epochs: u64,
+    states: usize,
+    dir: &std::path::Path,
+) -> Result<(f64, f64, f64, f64, CacheStats)> {
+    let store = StateStore::open_with_clock(
+        StoreConfig::new(kind, dir.join("live"), 128).with_cache_bytes(cache_bytes),
+        Arc::new(ManualClock::new(1)),
+    )?;
+    let accs = (0..states)
+        .map(|i| store.value_state(&ValueStateDescriptor::<Acc>::new(format!("acc-{i}"))))
+        .collect::<Result<Vec<_>>>()?;
+    let dedup = store.map_state(
+        &MapStateDescriptor::<u64, u64>::new("dedup")
+            .with_ttl(TtlConfig::new(std::time::Duration::from_secs(600))),
+    )?;
+    let ks = self::keys(keys);
+    let mut barrier = Vec::with_capacity(epochs as usize);
+    let t = Instant::now();
+    let mut event = 0u64;
+    for epoch in 0..epochs {
+        for _ in 0..events_per_epoch {
+            let k = &ks[(event.wrapping_mul(2_654_435_761) % keys) as usize];
+            store.set_current_key(k)?;
+            if !dedup.contains(&event)? {
+                dedup.put(&event, &event)?;
+            }
+            for a in &accs {
+                let mut acc = a.value()?.unwrap_or(Acc {
+                    count: 0,
+                    sum: 0.0,
+                    last_ts: 0,
+                });
+                acc.count += 1;
+                acc.sum += event as f64;
+                acc.last_ts = event;
+                a.update(&acc)?;
+            }
+            event += 1;
+        }
+        let b = Instant::now();
+        let chk = dir.join(format!("chk-{epoch}"));
+        store.snapshot(epoch, &chk)?;
+        barrier.push(b.elapsed().as_secs_f64() * 1e3);
+        if epoch > 0 {
+            let _ = std::fs::remove_dir_all(dir.join(format!("chk-{}", epoch - 1)));
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let stats = store.cache_stats();
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+    barrier.sort_by(|a, b| a.total_cmp(b));
+    let in_barriers: f64 = barrier.iter().sum::<f64>() / 1e3;
+    let p50 = barrier[barrier.len() / 2];
+    let max = *barrier.last().unwrap_or(&0.0);
+    let n = (epochs * events_per_epoch) as f64;
+    Ok((n / secs, n / (secs - in_barriers), p50, max, stats))
+}
+
+fn cache_figures(tmp: &std::path::Path) -> Result<()> {
+    let states = 6;
+    println!(
+        "S-like: per event 1 dedup contains+put (map, TTL) + {states} value read-modify-writes, a snapshot per epoch"
+    );
+    println!(
+        "backend\tkeys\tevents/epoch\tcache\tevents/s\tstate ops/s\tevents/s outside checkpoints\tcheckpoint p50 ms\tmax ms\thit ratio"
+    );
+    // Many events per key per epoch (the cache's case), then almost one per key.
+    for (keys, per_epoch, epochs) in [(10_000u64, 50_000u64, 10u64), (1_000_000, 50_000, 10)] {
+        for kind in [BackendKind::Rocksdb, BackendKind::Hashmap] {
+            for cache in [0, DEFAULT_CACHE_BYTES] {
+                let dir = tmp.join(format!("s-like-{kind:?}-{keys}-{cache}"));
+                let (eps, processing, p50, max, st) =
+                    s_like(kind, cache, keys, per_epoch, epochs, states, &dir)?;
+                let ratio = if st.hits + st.misses > 0 {
+                    format!("{:.3}", st.hits as f64 / (st.hits + st.misses) as f64)
+                } else {
+                    "-".into()
+                };
+                println!(
+                    "{kind:?}\t{keys}\t{per_epoch}\t{}\t{eps:.0}\t{:.0}\t{processing:.0}\t{p50:.1}\t{max:.1}\t{ratio}",
+                    if cache == 0 { "off".to_string() } else { format!("{} MiB", cache >> 20) },
+                    // contains + put + states × (get + update)
+                    eps * (2 + 2 * states) as f64,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
-    let snapshot_keys: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let snapshot_keys: u64 = args
+        .iter()
+        .find_map(|a| a.parse().ok())
         .unwrap_or(1_000_000);
     let ops: u64 = 300_000;
     let ks = keys(100_000);
     let tmp = std::env::temp_dir().join(format!("streamstate-bench-{}", std::process::id()));
+    cache_figures(&tmp)?;
+    if args.iter().any(|a| a == "--cache-only") {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(());
+    }
     println!("backend\tstate kind (set_current_key + op)\tthroughput");
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
         let store = StateStore::open_with_clock(

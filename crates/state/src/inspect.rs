@@ -14,6 +14,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::backend::KvBackend;
 use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
 use crate::keyed::StateValue;

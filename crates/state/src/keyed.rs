@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::backend::KvBackend;
 use crate::descriptor::*;
 use crate::error::Result;
 use crate::inspect::{JsonCodec, decode_json};

@@ -17,6 +17,7 @@
 //! | [`checkpointed`] | `CheckpointedFunction` hooks |
 //! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
+//! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
 //! | [`layout`] | the byte layout every backend and the savepoint format share |
@@ -78,6 +79,7 @@
 //! contiguous scan; see [`layout`] and [`snapshot`] for the on-disk formats.
 
 pub mod backend;
+pub mod cache;
 pub mod checkpointed;
 pub mod clock;
 pub mod context;
@@ -96,6 +98,7 @@ pub mod timers;
 pub mod ttl;
 
 pub use backend::BackendKind;
+pub use cache::{CacheStats, DEFAULT_CACHE_BYTES};
 pub use checkpointed::{
     CheckpointedFunction, FunctionInitializationContext, FunctionSnapshotContext,
 };
@@ -108,6 +111,6 @@ pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
 pub use snapshot::{FileHashes, KeyedFormat, SnapshotFile, SnapshotResult};
-pub use store::{StateMeta, StateStore, StoreConfig};
+pub use store::{StateMeta, StateStore, StoreConfig, default_cache_bytes_for};
 pub use timers::{TimeDomain, Timer};
 pub use ttl::{CleanupStrategies, StateVisibility, TtlConfig, UpdateType};

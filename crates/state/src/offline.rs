@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, KvBackend};
 use crate::backend::rocks::scan_checkpoint;
 use crate::clock::ManualClock;
 use crate::descriptor::StateKind;
@@ -348,6 +348,8 @@ impl RawSnapshot {
             key_group_range: self.key_group_range,
             instance_index: self.instance_index,
             instance_count: self.instance_count,
+            // A one-shot bulk load: nothing is read twice.
+            cache_bytes: 0,
         };
         // Time 0: nothing counts as expired, so full-snapshot TTL cleanup keeps every entry.
         let store = StateStore::open_with_clock(config, Arc::new(ManualClock::new(0)))?;

@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, KvBackend};
 use crate::backend::rocks::{RocksBackend, scan_checkpoint};
 use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::KeyGroupRange;
@@ -333,6 +333,9 @@ impl Inner {
         defer: bool,
     ) -> Result<SnapshotResult> {
         std::fs::create_dir_all(dir).at(dir)?;
+        // The barrier: the state cache's dirty entries go into the backend,
+        // in key order and as one batch, before the backend is snapshotted.
+        self.backend.write_back()?;
         let mut files = Vec::new();
         let native = if canonical {
             None
@@ -795,8 +798,8 @@ impl StateStore {
                 return Err(e);
             }
         };
-        // 4. Swap in.
-        let old = std::mem::replace(&mut g.backend, backend);
+        // 4. Swap in; the state cache's entries, dirty or not, go with the old state.
+        let old = g.backend.replace(backend);
         drop(old);
         let old_dir = g.config.work_dir.join(format!("rocksdb-{}", g.generation));
         if old_dir.exists() {

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::KvBackend;
 use crate::error::Result;
 use crate::keygroup::key_group_for;
 use crate::layout::{self, TIMER_EVENT, TIMER_PROCESSING};

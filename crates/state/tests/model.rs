@@ -1,5 +1,6 @@
 //! Property test: random operation sequences over every state kind, with
-//! TTL and a fake clock, give the same results on both backends and on a
+//! TTL and a fake clock, give the same results on both backends (state cache
+//! off, on and tiny) and on a
 //! plain in-memory reference model — also across snapshot → restore at
 //! random points.
 
@@ -458,19 +459,22 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn both_backends_match_the_reference_model_across_snapshots(ops in proptest::collection::vec(op(), 1..120)) {
-        let env = Env::new();
-        let mut model = Model { now: 1_000_000, ..Model::default() };
-        env.clock.set(model.now);
-        let mut heap = Real::new(&env, BackendKind::Hashmap, 0, 0);
-        let mut rocks = Real::new(&env, BackendKind::Rocksdb, 0, 1);
-        for (i, op) in ops.iter().enumerate() {
-            let want = model.apply(op);
+    fn both_backends_match_the_reference_model_across_snapshots_in_every_cache_mode(ops in proptest::collection::vec(op(), 1..120)) {
+        for mode in CacheMode::ALL {
+            let _mode = CacheGuard::set(mode);
+            let env = Env::new();
+            let mut model = Model { now: 1_000_000, ..Model::default() };
             env.clock.set(model.now);
-            let got_heap = heap.apply(&env, op);
-            let got_rocks = rocks.apply(&env, op);
-            prop_assert_eq!(&got_heap, &want, "lane started on hashmap (now {:?}), step {} {:?}", heap.kind, i, op);
-            prop_assert_eq!(&got_rocks, &want, "lane started on rocksdb (now {:?}), step {} {:?}", rocks.kind, i, op);
+            let mut heap = Real::new(&env, BackendKind::Hashmap, 0, 0);
+            let mut rocks = Real::new(&env, BackendKind::Rocksdb, 0, 1);
+            for (i, op) in ops.iter().enumerate() {
+                let want = model.apply(op);
+                env.clock.set(model.now);
+                let got_heap = heap.apply(&env, op);
+                let got_rocks = rocks.apply(&env, op);
+                prop_assert_eq!(&got_heap, &want, "cache {:?}, lane started on hashmap (now {:?}), step {} {:?}", mode, heap.kind, i, op);
+                prop_assert_eq!(&got_rocks, &want, "cache {:?}, lane started on rocksdb (now {:?}), step {} {:?}", mode, rocks.kind, i, op);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! TTL table tests: every UpdateType × StateVisibility × cleanup strategy, on
-//! both backends, with per-entry expiry in list and map state. The expected
+//! both backends with the state cache off, on and tiny, with per-entry expiry
+//! in list and map state; the same expectations hold in every cache mode. The expected
 //! outcome is computed from Flink's rules, written out below.
 
 mod common;
@@ -57,8 +58,12 @@ impl Case {
 
 fn run(case: &Case) {
     let label = format!(
-        "{:?} {:?} {:?} {:?}",
-        case.kind, case.update, case.visibility, case.cleanup
+        "{:?} {:?} {:?} {:?} cache {:?}",
+        case.kind,
+        case.update,
+        case.visibility,
+        case.cleanup,
+        cache_mode()
     );
     let env = Env::new();
     let t0 = 1_000_000;
@@ -173,9 +178,9 @@ fn run(case: &Case) {
 }
 
 #[test]
-fn every_ttl_combination_behaves_as_flink_on_both_backends() {
+fn every_ttl_combination_behaves_as_flink_on_both_backends_with_and_without_cache() {
     let mut n = 0;
-    for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
+    for (mode, kind) in every_setup() {
         for update in [UpdateType::OnCreateAndWrite, UpdateType::OnReadAndWrite] {
             for visibility in [
                 StateVisibility::NeverReturnExpired,
@@ -187,23 +192,26 @@ fn every_ttl_combination_behaves_as_flink_on_both_backends() {
                     Cleanup::Incremental,
                     Cleanup::CompactionFilter,
                 ] {
-                    run(&Case {
-                        kind,
-                        update,
-                        visibility,
-                        cleanup,
+                    with_cache(mode, || {
+                        run(&Case {
+                            kind,
+                            update,
+                            visibility,
+                            cleanup,
+                        })
                     });
                     n += 1;
                 }
             }
         }
     }
-    assert_eq!(n, 32);
+    assert_eq!(n, 96);
 }
 
 #[test]
 fn ttl_write_refreshes_and_expiry_is_exactly_at_ttl() {
-    for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
+    for (mode, kind) in every_setup() {
+        let _mode = CacheGuard::set(mode);
         let env = Env::new();
         let store = env.single(kind, "s");
         let v = store
@@ -217,15 +225,16 @@ fn ttl_write_refreshes_and_expiry_is_exactly_at_ttl() {
         env.clock.advance(9);
         v.update(&2).unwrap();
         env.clock.advance(9);
-        assert_eq!(v.value().unwrap(), Some(2), "write refreshed the timestamp");
+        assert_eq!(v.value().unwrap(), Some(2), "write refreshed the timestamp: {mode:?} {kind:?}");
         env.clock.advance(1);
-        assert_eq!(v.value().unwrap(), None, "expired at last_write + ttl");
+        assert_eq!(v.value().unwrap(), None, "expired at last_write + ttl: {mode:?} {kind:?}");
     }
 }
 
 #[test]
 fn reducing_state_ignores_an_expired_accumulator() {
-    for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
+    for (mode, kind) in every_setup() {
+        let _mode = CacheGuard::set(mode);
         let env = Env::new();
         let store = env.single(kind, "s");
         let ttl = TtlConfig::new(std::time::Duration::from_millis(10))
@@ -239,6 +248,6 @@ fn reducing_state_ignores_an_expired_accumulator() {
         r.add(&5).unwrap();
         env.clock.advance(10);
         r.add(&1).unwrap();
-        assert_eq!(r.get().unwrap(), Some(1));
+        assert_eq!(r.get().unwrap(), Some(1), "{mode:?} {kind:?}");
     }
 }

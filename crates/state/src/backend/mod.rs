@@ -37,6 +37,15 @@ impl std::str::FromStr for BackendKind {
 /// Receives stored (key, value) pairs during restore; an error stops the walk.
 pub(crate) type EntrySink<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<()>;
 
+/// One write of a batch ([`KvBackend::write_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOp<'a> {
+    Put(&'a [u8]),
+    Delete,
+    /// As [`KvBackend::append`].
+    Append(&'a [u8]),
+}
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
@@ -57,6 +66,18 @@ pub trait KvBackend: Send {
     fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
         for (k, v) in entries {
             self.put(k, v)?;
+        }
+        Ok(())
+    }
+    /// Applies the writes in order (RocksDB: one WriteBatch). The state cache
+    /// writes back through this.
+    fn write_batch(&mut self, ops: &[(&[u8], BatchOp<'_>)]) -> Result<()> {
+        for (k, op) in ops {
+            match op {
+                BatchOp::Put(v) => self.put(k, v)?,
+                BatchOp::Delete => self.delete(k)?,
+                BatchOp::Append(a) => self.append(k, a)?,
+            }
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use rocksdb::checkpoint::Checkpoint;
 use rocksdb::compaction_filter::Decision;
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteOptions};
 
-use super::{BackendKind, KvBackend};
+use super::{BackendKind, BatchOp, KvBackend};
 use crate::clock::Clock;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result};
@@ -234,6 +234,18 @@ impl KvBackend for RocksBackend {
         let mut batch = rocksdb::WriteBatch::default();
         for (k, v) in entries {
             batch.put(k, v);
+        }
+        Ok(self.db.write_opt(batch, &self.write)?)
+    }
+
+    fn write_batch(&mut self, ops: &[(&[u8], BatchOp<'_>)]) -> Result<()> {
+        let mut batch = rocksdb::WriteBatch::default();
+        for (k, op) in ops {
+            match op {
+                BatchOp::Put(v) => batch.put(k, v),
+                BatchOp::Delete => batch.delete(k),
+                BatchOp::Append(a) => batch.merge(k, a),
+            }
         }
         Ok(self.db.write_opt(batch, &self.write)?)
     }
