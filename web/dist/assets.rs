@@ -9,11 +9,11 @@
         immutable: true,
     },
     Asset {
-        path: "/assets/console-DEO9vR_u.js",
+        path: "/assets/console-nttebMGi.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-DEO9vR_u.js")),
-        gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-DEO9vR_u.js.gz")),
-        etag: "\"0bf1bb5d606f59008b4bd95079604d51\"",
+        body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-nttebMGi.js")),
+        gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-nttebMGi.js.gz")),
+        etag: "\"121daf80b3c9dc08d29e8eb8d04ed6f6\"",
         immutable: true,
     },
     Asset {
@@ -21,7 +21,7 @@
         content_type: "text/html; charset=utf-8",
         body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/index.html")),
         gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/index.html.gz")),
-        etag: "\"b6720d0d608638e06b15f573976f7e00\"",
+        etag: "\"7bfa2759bd1fc1e1b377a0d4be4f6f54\"",
         immutable: false,
     },
 ]
