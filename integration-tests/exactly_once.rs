@@ -39,16 +39,13 @@ fn crash_five_times_at(
     for run in 0..5 {
         seed += 1;
         produce_rules(&job.control, &rule_records(run));
-        // Input arrives during the run, so every epoch has records: a barrier with
-        // nothing new is skipped and would not reach the checkpoint's failpoints.
-        let evs = events(1_000, 5, seed);
-        let input = job.input.clone();
-        let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(400)));
         produced += 1_000;
         let spec = format!("{failpoint}={}*off->return", skip(&mut rng));
-        let mut service = spawn(&job, &env, &[("FAILPOINTS", spec.as_str())]);
-        let status = service.wait_exit(Duration::from_secs(90));
-        feeder.join().expect("feeder");
+        let mut with_failpoint: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        with_failpoint.push(("FAILPOINTS", spec.as_str()));
+        let (service, status) =
+            run_until_crash(&job, &with_failpoint, events(1_000, 5, seed), 400);
         assert_eq!(
             status.signal(),
             Some(SIGABRT),

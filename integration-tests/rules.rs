@@ -212,15 +212,14 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
         .iter()
         .zip(tail.chunks(tail.len().div_ceil(failpoints.len())))
     {
-        produce_all(&job.input, chunk, None);
         let skip = if *failpoint == "mid-batch" {
             rng.random_range(10..chunk.len().max(11) as u32)
         } else {
             rng.random_range(0..3)
         };
         let spec = format!("{failpoint}={skip}*off->return");
-        let mut service = job.spawn_with(&[], &[("FAILPOINTS", spec.as_str())]);
-        let status = service.wait_exit(Duration::from_secs(90));
+        let (service, status) =
+            run_until_crash(&job, &[("FAILPOINTS", spec.as_str())], chunk.to_vec(), 300);
         assert_eq!(
             status.signal(),
             Some(SIGABRT),

@@ -294,10 +294,14 @@ fn wrong_max_parallelism_incomplete_sets_and_duplicate_instances_are_refused() {
         "a refused start writes nothing"
     );
 
-    // The same instance id twice: the newer one fences the older, which exits.
+    // The same instance id twice: the newer one fences the older, which exits at its
+    // next transactional write. Both are idle until new input arrives (an idle epoch
+    // commits nothing, so it does not meet the fence before that).
     let mut a = spawn_instance(&job, 0, 1, 2, &[]);
     wait_ready(std::slice::from_mut(&mut a));
     let mut b = spawn_instance(&job, 0, 1, 3, &[]);
+    wait_ready(std::slice::from_mut(&mut b));
+    produce_all(&job.input, &events(300, 0, 81), None);
     let status = a.service.wait_exit(Duration::from_secs(120));
     assert!(
         !status.success(),

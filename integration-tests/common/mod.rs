@@ -644,6 +644,11 @@ impl Service {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process has ended (by itself or killed); never blocks.
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Fails the test (with the service log) if the process has exited.
     pub fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
@@ -837,6 +842,27 @@ pub fn check_exactly_once_ignoring(job: &Job, ignored: &[u8]) -> (usize, usize) 
         "a bad record was dead-lettered twice"
     );
     (output.len(), dead.len())
+}
+
+/// Runs a service that is expected to crash at a failpoint: `evs` are produced once it is
+/// ready (or gone), at `per_second`, so every epoch while it runs has records — a
+/// checkpoint barrier with nothing new is skipped and would not reach the checkpoint's
+/// failpoints. Returns how the process ended (within 90 s).
+pub fn run_until_crash(
+    job: &Job,
+    env: &[(&str, &str)],
+    evs: Vec<(Option<String>, Vec<u8>)>,
+    per_second: u64,
+) -> (Service, ExitStatus) {
+    let mut service = job.spawn_with(&[], env);
+    wait_until("the service to be ready (or to crash)", Duration::from_secs(90), || {
+        service.has_exited() || matches!(http("GET", job.admin, "/readyz"), Ok((200, _)))
+    });
+    let input = job.input.clone();
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(per_second)));
+    let status = service.wait_exit(Duration::from_secs(90));
+    feeder.join().expect("feeder");
+    (service, status)
 }
 
 pub fn wait_all_committed(job: &Job, service: &mut Service) {
