@@ -136,7 +136,9 @@ fn a_checkpoint_storage_outage_is_rewound_in_process_and_loses_nothing() {
     feeder.join().expect("feeder");
     wait_all_committed(&job, &mut service);
     assert!(
-        service.log().contains("rewound to the last committed checkpoint"),
+        service
+            .log()
+            .contains("rewound to the last committed checkpoint"),
         "the failed epochs were rewound in process; log:\n{}",
         service.log()
     );
@@ -215,10 +217,14 @@ fn idle_gaps_skip_checkpoints_and_bursts_after_them_survive_a_sigkill() {
         };
         let (completed, skipped) = idle(job.admin);
         // Nothing arrives now: later barriers find nothing changed.
-        wait_until("idle barriers to be skipped", Duration::from_secs(60), || {
-            service.assert_running();
-            idle(job.admin).1 >= skipped + 10.0
-        });
+        wait_until(
+            "idle barriers to be skipped",
+            Duration::from_secs(60),
+            || {
+                service.assert_running();
+                idle(job.admin).1 >= skipped + 10.0
+            },
+        );
         let (completed_after, _) = idle(job.admin);
         assert!(
             completed_after <= completed + 1.0,
@@ -251,7 +257,10 @@ fn a_smaller_pool_after_a_restart_fences_the_producers_it_no_longer_uses() {
     // A transaction left open would hold read_committed readers back far longer than the
     // checker waits (60 s) before the broker timed it out.
     let config = std::fs::read_to_string(job.config_path()).expect("config");
-    let config = config.replace("transaction_timeout = \"30s\"", "transaction_timeout = \"300s\"");
+    let config = config.replace(
+        "transaction_timeout = \"30s\"",
+        "transaction_timeout = \"300s\"",
+    );
     std::fs::write(job.config_path(), config).expect("write config");
     // Input keeps arriving, so every epoch has records (an idle one is skipped).
     let evs = events(4_000, 5, 24);

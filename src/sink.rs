@@ -134,34 +134,9 @@ impl Sink {
         self.current = slot;
     }
 
-    fn producer(&self) -> &Producer {
+    /// The open epoch's producer, which every record of the epoch goes to.
+    pub fn producer(&self) -> &Producer {
         &self.slots[self.current]
-    }
-
-    /// Queues one record; waits for queue space rather than dropping anything.
-    pub fn send(
-        &self,
-        topic: &str,
-        key: Option<&[u8]>,
-        payload: &[u8],
-        headers: Option<OwnedHeaders>,
-    ) -> Result<(), SinkError> {
-        self.producer().send(topic, key, payload, headers)
-    }
-
-    /// Queues one record for an explicit partition with an explicit timestamp: repartition
-    /// mode's forwarded copy (partition = key group, timestamp = the original record's).
-    pub fn send_to_partition(
-        &self,
-        topic: &str,
-        partition: i32,
-        key: &[u8],
-        payload: &[u8],
-        headers: OwnedHeaders,
-        timestamp_ms: Option<i64>,
-    ) -> Result<(), SinkError> {
-        self.producer()
-            .send_to_partition(topic, partition, key, payload, headers, timestamp_ms)
     }
 }
 
@@ -339,7 +314,11 @@ impl Producer {
 
     /// Makes the source offsets, with metadata naming `checkpoint`, part of the open
     /// transaction.
-    pub fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
+    pub fn send_offsets(
+        &self,
+        offsets: &Offsets,
+        checkpoint: &CheckpointRef,
+    ) -> Result<(), SinkError> {
         let offsets = offsets_for_commit(offsets, checkpoint).map_err(SinkError::Kafka)?;
         if let Some(alo) = &self.at_least_once {
             *alo.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(offsets);

@@ -265,25 +265,25 @@ impl Transactions {
         self.with(|i| {
             let oldest = i.open.first();
             TransactionView {
-            transactional_id: oldest
-                .map(|o| o.transactional_id.clone())
-                .or_else(|| i.ids.first().cloned())
-                .unwrap_or_default(),
-            transactional_ids: i.ids.clone(),
-            producer_inits: i.inits,
-            producer_initialized_at_ms: i.initialized_at_ms,
-            transactions_begun: i.begun,
-            open: oldest.is_some(),
-            open_transactions: i.open.len(),
-            opened_at_ms: oldest.map(|o| o.at_ms),
-            age_ms: oldest.map(|o| now.saturating_sub(o.at_ms)),
-            checkpoint: oldest.map(|o| o.checkpoint.to_string()),
-            checkpoint_id: oldest.map(|o| o.checkpoint.id),
-            last_committed_checkpoint: i.last_committed.as_ref().map(ToString::to_string),
-            committed: i.committed,
-            aborted: i.aborted,
-            transaction_timeout_ms: i.timeout.as_millis() as u64,
-            warn_after_ms: i.timeout.mul_f64(WARN_FRACTION).as_millis() as u64,
+                transactional_id: oldest
+                    .map(|o| o.transactional_id.clone())
+                    .or_else(|| i.ids.first().cloned())
+                    .unwrap_or_default(),
+                transactional_ids: i.ids.clone(),
+                producer_inits: i.inits,
+                producer_initialized_at_ms: i.initialized_at_ms,
+                transactions_begun: i.begun,
+                open: oldest.is_some(),
+                open_transactions: i.open.len(),
+                opened_at_ms: oldest.map(|o| o.at_ms),
+                age_ms: oldest.map(|o| now.saturating_sub(o.at_ms)),
+                checkpoint: oldest.map(|o| o.checkpoint.to_string()),
+                checkpoint_id: oldest.map(|o| o.checkpoint.id),
+                last_committed_checkpoint: i.last_committed.as_ref().map(ToString::to_string),
+                committed: i.committed,
+                aborted: i.aborted,
+                transaction_timeout_ms: i.timeout.as_millis() as u64,
+                warn_after_ms: i.timeout.mul_f64(WARN_FRACTION).as_millis() as u64,
             }
         })
     }

@@ -855,9 +855,11 @@ pub fn run_until_crash(
     per_second: u64,
 ) -> (Service, ExitStatus) {
     let mut service = job.spawn_with(&[], env);
-    wait_until("the service to be ready (or to crash)", Duration::from_secs(90), || {
-        service.has_exited() || matches!(http("GET", job.admin, "/readyz"), Ok((200, _)))
-    });
+    wait_until(
+        "the service to be ready (or to crash)",
+        Duration::from_secs(90),
+        || service.has_exited() || matches!(http("GET", job.admin, "/readyz"), Ok((200, _))),
+    );
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(per_second)));
     let status = service.wait_exit(Duration::from_secs(90));

@@ -54,7 +54,12 @@ impl Proxy {
     /// From now on every connection is closed at once, and open ones are closed.
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
-        for s in self.live.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for s in self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             let _ = s.shutdown(Shutdown::Both);
         }
     }

@@ -322,7 +322,10 @@ impl<S: Slot> Epochs<S> {
 
     fn apply(&mut self, outcome: Outcome) -> Result<(), EpochError> {
         let mut resolved = || {
-            let (checkpoint, slot) = self.in_flight.pop_front().ok_or(EpochError::CommitterGone)?;
+            let (checkpoint, slot) = self
+                .in_flight
+                .pop_front()
+                .ok_or(EpochError::CommitterGone)?;
             self.free.push_back(slot);
             Ok::<_, EpochError>(checkpoint)
         };

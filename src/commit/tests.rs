@@ -63,11 +63,16 @@ fn failure(f: Failure) -> SinkError {
 impl Slot for FakeSlot {
     fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
         *self.open.lock().expect("open") = Some(checkpoint.id);
-        self.log.push(format!("begin {} on {}", checkpoint.id, self.name));
+        self.log
+            .push(format!("begin {} on {}", checkpoint.id, self.name));
         Ok(())
     }
     fn send_offsets(&self, _: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
-        assert_eq!(self.open_id(), checkpoint.id, "offsets go to the epoch's own transaction");
+        assert_eq!(
+            self.open_id(),
+            checkpoint.id,
+            "offsets go to the epoch's own transaction"
+        );
         self.log.push(format!("offsets {}", checkpoint.id));
         Ok(())
     }
@@ -101,7 +106,10 @@ struct FakeStorage {
 impl CheckpointStorage for FakeStorage {
     fn write(&self, manifest: &Manifest, src: &Path) -> Result<WriteStats, CheckpointError> {
         let id = manifest.checkpoint.id;
-        assert!(src.exists(), "the local snapshot is still there during the upload");
+        assert!(
+            src.exists(),
+            "the local snapshot is still there during the upload"
+        );
         if let Some((started, release)) = self.gate.lock().expect("gate").as_ref() {
             let _ = started.send(id);
             let _ = release.recv();
@@ -119,7 +127,10 @@ impl CheckpointStorage for FakeStorage {
     }
     fn mark_complete(&self, checkpoint: &CheckpointRef) -> Result<(), CheckpointError> {
         assert!(
-            self.published.lock().expect("published").contains(&checkpoint.id),
+            self.published
+                .lock()
+                .expect("published")
+                .contains(&checkpoint.id),
             "only a written checkpoint is marked complete"
         );
         self.log.push(format!("complete {}", checkpoint.id));
@@ -204,7 +215,9 @@ impl Rig {
     fn sealed(&self, id: u64) -> Sealed {
         let staging = self.dir.path().join(format!("staging-{id}"));
         std::fs::create_dir_all(&staging).expect("staging");
-        let offsets: Offsets = [(("in".to_string(), 0), id as i64 * 10)].into_iter().collect();
+        let offsets: Offsets = [(("in".to_string(), 0), id as i64 * 10)]
+            .into_iter()
+            .collect();
         Sealed {
             manifest: Manifest {
                 format_version: FORMAT_VERSION,
@@ -232,7 +245,11 @@ impl Rig {
     }
 
     fn fail_commit(&self, id: u64, slot: usize, how: Failure) {
-        self.slots[slot].fail_commit.lock().expect("fail").insert(id, how);
+        self.slots[slot]
+            .fail_commit
+            .lock()
+            .expect("fail")
+            .insert(id, how);
     }
 
     fn before(&self, a: &str, b: &str) {
@@ -323,7 +340,11 @@ fn a_failed_upload_aborts_that_epoch_and_every_later_one_then_a_new_generation_c
         r.absent(&format!("commit {id}"));
     }
     r.absent("write 3");
-    assert_eq!(r.epochs.last_committed(), Some(&chk(1)), "the rewind target");
+    assert_eq!(
+        r.epochs.last_committed(),
+        Some(&chk(1)),
+        "the rewind target"
+    );
     assert_eq!((r.epochs.in_flight(), r.epochs.open().is_none()), (0, true));
     r.epoch(5);
     r.epochs.drain().expect("the next generation commits");
@@ -355,7 +376,13 @@ fn a_fenced_producer_ends_the_instance() {
     r.epoch(1);
     r.epoch(2);
     let err = r.epochs.drain().expect_err("fenced");
-    assert!(matches!(err, EpochError::Fatal(CommitError::Sink(SinkError::Fenced(_)))), "{err}");
+    assert!(
+        matches!(
+            err,
+            EpochError::Fatal(CommitError::Sink(SinkError::Fenced(_)))
+        ),
+        "{err}"
+    );
     assert!(!err.is_rewindable());
     r.absent("commit 2");
     r.absent("offsets 2");

@@ -52,11 +52,10 @@ impl Job {
             .open()
             .map(|(c, _)| c.clone())
             .ok_or(JobError::Epoch(crate::commit::EpochError::CommitterGone))?;
-        let staging = p
-            .config
-            .state
-            .dir
-            .join(format!("staging-{}-{}", p.config.job.instance, checkpoint.id));
+        let staging = p.config.state.dir.join(format!(
+            "staging-{}-{}",
+            p.config.job.instance, checkpoint.id
+        ));
         remove_dir(&staging)?;
         let state = p.state.snapshot_deferred(checkpoint.id, &staging)?;
         let manifest = Manifest {
@@ -188,14 +187,16 @@ impl Job {
         for p in std::mem::take(&mut self.pending) {
             m.checkpoints_failed.inc();
             warn!(checkpoint = %p.name, trigger = ?p.trigger, error = %cause, "checkpoint failed");
-            self.control.history.record_checkpoint(CheckpointRecord::failed(
-                p.id,
-                p.name,
-                p.trigger,
-                p.started_ms,
-                unix_ms(),
-                cause.to_string(),
-            ));
+            self.control
+                .history
+                .record_checkpoint(CheckpointRecord::failed(
+                    p.id,
+                    p.name,
+                    p.trigger,
+                    p.started_ms,
+                    unix_ms(),
+                    cause.to_string(),
+                ));
         }
         self.observe_in_flight();
     }

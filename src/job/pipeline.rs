@@ -200,7 +200,7 @@ impl Pipeline {
         };
         let key_group =
             streamstate_state::key_group_for(key.as_bytes(), self.state.store().max_parallelism());
-        self.sink.send_to_partition(
+        self.sink.producer().send_to_partition(
             internal,
             key_group as i32,
             key.as_bytes(),
@@ -227,7 +227,9 @@ impl Pipeline {
                 .topic
                 .as_deref()
                 .unwrap_or(&self.config.kafka.output_topic);
-            self.sink.send(topic, r.key.as_deref(), &r.value, None)?;
+            self.sink
+                .producer()
+                .send(topic, r.key.as_deref(), &r.value, None)?;
             self.metrics
                 .records_produced
                 .with_label_values(&[topic])
@@ -241,6 +243,7 @@ impl Pipeline {
     fn pass_through(&self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
         let topic = &self.config.kafka.output_topic;
         self.sink
+            .producer()
             .send(topic, msg.key(), msg.payload().unwrap_or_default(), None)?;
         self.metrics
             .records_produced
@@ -291,7 +294,7 @@ impl Pipeline {
             value: Some(size.as_str()),
         });
         let payload = &payload[..payload.len().min(self.config.dead_letter_max_bytes())];
-        self.sink.send(
+        self.sink.producer().send(
             &self.config.kafka.dead_letter_topic,
             msg.key(),
             payload,

@@ -9,7 +9,9 @@ use tracing::{error, info, warn};
 
 use super::pipeline::Pipeline;
 use super::{Control, Job, JobError, StartOptions, manifest_offsets, remove_dir, serve, unix_ms};
-use crate::checkpoint::{CheckpointError, CheckpointRef, CheckpointStorage, Manifest, PartitionOffset, open_storage};
+use crate::checkpoint::{
+    CheckpointError, CheckpointRef, CheckpointStorage, Manifest, PartitionOffset, open_storage,
+};
 use crate::commit::{Epochs, Housekeeping};
 use crate::config::{Config, FunctionKind, MAX_PRODUCER_POOL_SIZE, StartOffsets};
 use crate::control::Rules;
@@ -114,7 +116,11 @@ impl Job {
         };
         // Fence first: once init_transactions returns, no older producer with our id can
         // commit, so the committed offsets read next cannot move under us.
-        let sink = Sink::new(&config, control.transactions.clone(), source.group_metadata())?;
+        let sink = Sink::new(
+            &config,
+            control.transactions.clone(),
+            source.group_metadata(),
+        )?;
         let storage: Arc<dyn CheckpointStorage> = Arc::from(open_storage(&config)?);
         fence_earlier_pools(&config, storage.as_ref())?;
         remove_staging(&config)?;
@@ -542,10 +548,7 @@ impl Start {
 /// the single id of the versions before pools. With no checkpoint to tell (a first start,
 /// or runs that never uploaded one), every id a pool can have. Done before the committed
 /// offsets are read, so no older producer can commit after that.
-fn fence_earlier_pools(
-    config: &Config,
-    storage: &dyn CheckpointStorage,
-) -> Result<(), JobError> {
+fn fence_earlier_pools(config: &Config, storage: &dyn CheckpointStorage) -> Result<(), JobError> {
     let pool = config.checkpoint.producer_pool_size;
     let mut recorded = Vec::new();
     for info in storage.list()? {
@@ -560,7 +563,9 @@ fn fence_earlier_pools(
     } else {
         recorded.iter().flatten().copied().fold(pool, u32::max)
     };
-    let mut ids: Vec<String> = (pool..up_to).map(|slot| config.transactional_id(slot)).collect();
+    let mut ids: Vec<String> = (pool..up_to)
+        .map(|slot| config.transactional_id(slot))
+        .collect();
     if legacy {
         ids.push(config.legacy_transactional_id());
     }
