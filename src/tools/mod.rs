@@ -268,3 +268,25 @@ pub(crate) fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+/// Left-aligned columns, two spaces apart.
+pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let line = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}

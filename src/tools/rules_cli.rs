@@ -250,7 +250,7 @@ fn list(in_force: &InForce, as_json: bool) -> anyhow::Result<()> {
             r.control_offset.to_string(),
         ]);
     }
-    print!("{}", columns(&rows));
+    print!("{}", super::columns(&rows));
     let active = in_force
         .rules
         .values()
@@ -352,27 +352,6 @@ fn json_diff(old: &Value, new: &Value, at: String, out: &mut Vec<String>) {
     }
 }
 
-/// Left-aligned columns, two spaces apart.
-fn columns<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0usize; N];
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let line = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
 
 #[cfg(test)]
 mod tests {

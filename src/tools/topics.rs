@@ -335,24 +335,8 @@ pub fn table(rows: &[Row]) -> String {
         })
         .collect();
     let header = ["ROLE", "TOPIC", "PARTITIONS", "STATUS", "DETAIL"].map(str::to_string);
-    let mut widths = [0usize; 5];
-    for row in std::iter::once(&header).chain(&cells) {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(&cells) {
-        let line = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    let all: Vec<[String; 5]> = std::iter::once(header).chain(cells).collect();
+    super::columns(&all)
 }
 
 /// Creates every missing topic; returns `(topic, partitions)` of those created.
