@@ -118,7 +118,7 @@ impl Metrics {
             checkpoint_phase_duration: prometheus::HistogramVec::new(
                 HistogramOpts::new(
                     "streamstate_checkpoint_phase_duration_seconds",
-                    "Time of each checkpoint phase: snapshot, upload, commit.",
+                    "Time of each checkpoint phase: snapshot and flush (the job-thread pause), upload and commit (the committer).",
                 )
                 .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
                 &["phase"],

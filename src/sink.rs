@@ -312,6 +312,20 @@ impl Producer {
         }
     }
 
+    /// Waits until every queued record was delivered (or failed), within
+    /// `checkpoint.timeout`. A delivery that failed is left to the commit, which then
+    /// fails (exactly once) or reports it (at least once).
+    pub fn flush(&self) -> Result<(), SinkError> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|last| SinkError::TimedOut {
+                what: "flush",
+                setting: "checkpoint.timeout",
+                timeout: self.timeout,
+                last: Box::new(last),
+            })
+    }
+
     /// Makes the source offsets, with metadata naming `checkpoint`, part of the open
     /// transaction.
     pub fn send_offsets(
@@ -351,14 +365,7 @@ impl Producer {
     /// At least once: every output of the epoch is acknowledged before the offsets that
     /// would skip its inputs are committed.
     fn flush_then_commit_offsets(&self, alo: &AtLeastOnce) -> Result<(), SinkError> {
-        self.producer
-            .flush(self.timeout)
-            .map_err(|last| SinkError::TimedOut {
-                what: "flush",
-                setting: "checkpoint.timeout",
-                timeout: self.timeout,
-                last: Box::new(last),
-            })?;
+        self.flush()?;
         let failed = self.producer.context().delivery_failures();
         if failed > 0 {
             return Err(SinkError::Undelivered(failed));

@@ -42,6 +42,8 @@ use crate::source::Offsets;
 /// begins and fills a slot's transaction; once sealed, only the committer touches it.
 pub trait Slot: Send + Sync + 'static {
     fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError>;
+    /// Waits until every record queued in the open transaction reached the broker.
+    fn flush(&self) -> Result<(), SinkError>;
     fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError>;
     fn commit(&self) -> Result<(), SinkError>;
     fn abort(&self) -> Result<(), SinkError>;
@@ -50,6 +52,9 @@ pub trait Slot: Send + Sync + 'static {
 impl Slot for crate::sink::Producer {
     fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
         crate::sink::Producer::begin(self, checkpoint)
+    }
+    fn flush(&self) -> Result<(), SinkError> {
+        crate::sink::Producer::flush(self)
     }
     fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
         crate::sink::Producer::send_offsets(self, offsets, checkpoint)
@@ -247,8 +252,18 @@ impl<S: Slot> Epochs<S> {
     }
 
     /// Hands the open epoch to the committer. Its transaction takes no more records.
+    ///
+    /// Its records are flushed first: the next epoch writes through another producer,
+    /// and without the flush that producer's batches could reach a partition before this
+    /// one's, reordering a key across the barrier (Flink's KafkaSink flushes at the
+    /// barrier for the same reason). On failure the epoch stays open for
+    /// [`Epochs::abort`].
     pub fn seal(&mut self, sealed: Sealed) -> Result<(), EpochError> {
-        let (checkpoint, slot) = self.open.take().ok_or(EpochError::CommitterGone)?;
+        let (checkpoint, slot) = self.open.clone().ok_or(EpochError::CommitterGone)?;
+        self.slots[slot]
+            .flush()
+            .map_err(|e| classify(checkpoint.clone(), CommitError::Sink(e)))?;
+        self.open = None;
         let work = Work {
             generation: self.generation,
             checkpoint: checkpoint.clone(),

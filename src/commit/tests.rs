@@ -43,6 +43,8 @@ struct FakeSlot {
     open: Mutex<Option<u64>>,
     /// Commit of these checkpoint ids fails this way.
     fail_commit: Mutex<BTreeMap<u64, Failure>>,
+    /// The next flush fails this way.
+    fail_flush: Mutex<Option<Failure>>,
 }
 
 impl FakeSlot {
@@ -65,6 +67,14 @@ impl Slot for FakeSlot {
         *self.open.lock().expect("open") = Some(checkpoint.id);
         self.log
             .push(format!("begin {} on {}", checkpoint.id, self.name));
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), SinkError> {
+        if let Some(f) = self.fail_flush.lock().expect("fail").take() {
+            self.log.push(format!("flush {} failed", self.open_id()));
+            return Err(failure(f));
+        }
+        self.log.push(format!("flush {}", self.open_id()));
         Ok(())
     }
     fn send_offsets(&self, _: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
@@ -185,6 +195,7 @@ fn rig(pool: usize) -> Rig {
                 log: log.clone(),
                 open: Mutex::new(None),
                 fail_commit: Mutex::new(BTreeMap::new()),
+                fail_flush: Mutex::new(None),
             })
         })
         .collect();
@@ -296,6 +307,41 @@ fn each_epoch_commits_after_its_upload_and_after_the_previous_commit() {
         !r.dir.path().join("staging-3").exists(),
         "an uploaded snapshot is removed"
     );
+}
+
+#[test]
+fn an_epoch_is_flushed_at_its_seal_before_the_next_one_begins() {
+    let mut r = rig(3);
+    for id in 1..=3 {
+        r.epoch(id);
+    }
+    r.epochs.drain().expect("drain");
+    for id in 1..=3 {
+        r.before(&format!("flush {id}"), &format!("write {id}"));
+        if id > 1 {
+            // The next producer sends nothing until the previous one's records are on
+            // the broker, so a key keeps its order across the barrier.
+            r.before(&format!("flush {}", id - 1), &format!("begin {id} on {}", id - 1));
+        }
+    }
+}
+
+#[test]
+fn a_flush_that_fails_leaves_the_epoch_open_for_abort() {
+    let mut r = rig(2);
+    r.epoch(1);
+    r.epochs.begin(chk(2)).expect("begin 2");
+    *r.slots[1].fail_flush.lock().expect("fail") = Some(Failure::Abortable);
+    let sealed = r.sealed(2);
+    match r.epochs.seal(sealed) {
+        Err(EpochError::Failed { checkpoint, .. }) => assert_eq!(checkpoint, chk(2)),
+        other => panic!("expected epoch 2 to fail, got {other:?}"),
+    }
+    assert_eq!(r.epochs.open().map(|(c, _)| c.clone()), Some(chk(2)));
+    r.epochs.abort().expect("abort");
+    r.before("commit 1", "abort 2");
+    r.absent("write 2");
+    assert_eq!(r.epochs.last_committed(), Some(&chk(1)));
 }
 
 #[test]
