@@ -106,15 +106,13 @@ pub fn open(
     let (app, instance) = (&config.kafka.app_id, config.job.instance);
     match location {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(dir, app, instance)?)),
-        StorageLocation::S3 { bucket, prefix } => {
-            Ok(Box::new(S3Storage::open(
-                bucket,
-                prefix,
-                app,
-                instance,
-                config.checkpoint.timeout,
-            )?))
-        }
+        StorageLocation::S3 { bucket, prefix } => Ok(Box::new(S3Storage::open(
+            bucket,
+            prefix,
+            app,
+            instance,
+            config.checkpoint.timeout,
+        )?)),
     }
 }
 

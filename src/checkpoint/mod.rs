@@ -115,15 +115,13 @@ pub fn open_storage(config: &Config) -> Result<Box<dyn CheckpointStorage>, Check
         .map_err(|e| CheckpointError::Unsupported(e.to_string()))?
     {
         StorageLocation::File(dir) => Ok(Box::new(FsStorage::open(&dir, app, instance)?)),
-        StorageLocation::S3 { bucket, prefix } => {
-            Ok(Box::new(S3Storage::open(
-                &bucket,
-                &prefix,
-                app,
-                instance,
-                config.checkpoint.timeout,
-            )?))
-        }
+        StorageLocation::S3 { bucket, prefix } => Ok(Box::new(S3Storage::open(
+            &bucket,
+            &prefix,
+            app,
+            instance,
+            config.checkpoint.timeout,
+        )?)),
     }
 }
 

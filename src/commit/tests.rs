@@ -321,7 +321,10 @@ fn an_epoch_is_flushed_at_its_seal_before_the_next_one_begins() {
         if id > 1 {
             // The next producer sends nothing until the previous one's records are on
             // the broker, so a key keeps its order across the barrier.
-            r.before(&format!("flush {}", id - 1), &format!("begin {id} on {}", id - 1));
+            r.before(
+                &format!("flush {}", id - 1),
+                &format!("begin {id} on {}", id - 1),
+            );
         }
     }
 }

@@ -88,7 +88,10 @@ impl Job {
         let pause = started.elapsed();
         p.metrics.checkpoint_pause.observe(pause.as_secs_f64());
         // The pause is the state snapshot plus the flush of the epoch's producer in `seal`.
-        for (phase, took) in [("snapshot", snapshot), ("flush", pause.saturating_sub(snapshot))] {
+        for (phase, took) in [
+            ("snapshot", snapshot),
+            ("flush", pause.saturating_sub(snapshot)),
+        ] {
             p.metrics
                 .checkpoint_phase_duration
                 .with_label_values(&[phase])

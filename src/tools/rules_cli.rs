@@ -352,7 +352,6 @@ fn json_diff(old: &Value, new: &Value, at: String, out: &mut Vec<String>) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,7 +142,11 @@ fn cache_figures(tmp: &std::path::Path) -> Result<()> {
                 };
                 println!(
                     "{kind:?}\t{keys}\t{per_epoch}\t{}\t{eps:.0}\t{:.0}\t{processing:.0}\t{p50:.1}\t{max:.1}\t{ratio}",
-                    if cache == 0 { "off".to_string() } else { format!("{} MiB", cache >> 20) },
+                    if cache == 0 {
+                        "off".to_string()
+                    } else {
+                        format!("{} MiB", cache >> 20)
+                    },
                     // contains + put + states × (get + update)
                     eps * (2 + 2 * states) as f64,
                 );

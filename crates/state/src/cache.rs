@@ -674,7 +674,10 @@ mod tests {
         c.delete(b"b").unwrap();
         c.append(b"c", b"x").unwrap();
         c.append(b"c", b"y").unwrap();
-        assert!(calls.lock().is_empty(), "nothing reaches the backend before the barrier");
+        assert!(
+            calls.lock().is_empty(),
+            "nothing reaches the backend before the barrier"
+        );
         c.write_back().unwrap();
         let keys: Vec<Vec<u8>> = [b"a", b"b", b"c", b"d", b"e"].map(|k| k.to_vec()).into();
         assert_eq!(*calls.lock(), vec![Call::Batch(keys)]);
@@ -749,7 +752,10 @@ mod tests {
         assert_eq!(buf, b"abcd");
         c.write_back().unwrap();
         assert!(c.inner.get(b"l", &mut buf).unwrap());
-        assert_eq!(buf, b"abcd", "written back as the whole value, not appended twice");
+        assert_eq!(
+            buf, b"abcd",
+            "written back as the whole value, not appended twice"
+        );
     }
 
     #[test]
@@ -804,9 +810,15 @@ mod tests {
         let old = c.replace(Box::new(fresh));
         drop(old);
         assert_eq!(c.stats().entries, 0);
-        assert_eq!(scan_all(&mut c), vec![(b"a".to_vec(), b"restored".to_vec())]);
+        assert_eq!(
+            scan_all(&mut c),
+            vec![(b"a".to_vec(), b"restored".to_vec())]
+        );
         c.write_back().unwrap();
-        assert_eq!(scan_all(&mut c), vec![(b"a".to_vec(), b"restored".to_vec())]);
+        assert_eq!(
+            scan_all(&mut c),
+            vec![(b"a".to_vec(), b"restored".to_vec())]
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::{BackendKind, KvBackend};
 use crate::backend::rocks::scan_checkpoint;
+use crate::backend::{BackendKind, KvBackend};
 use crate::clock::ManualClock;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};

@@ -31,8 +31,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{BackendKind, KvBackend};
 use crate::backend::rocks::{RocksBackend, scan_checkpoint};
+use crate::backend::{BackendKind, KvBackend};
 use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID};
@@ -548,7 +548,11 @@ impl StateStore {
     /// `sha256` is left empty for [`FileHashes::complete`] (from [`StateStore::file_hashes`])
     /// to fill in off the job thread. RocksDB checkpoints are hard links of immutable
     /// files, so what is hashed later is what was snapshotted now.
-    pub fn snapshot_deferred(&self, checkpoint_id: u64, target_dir: &Path) -> Result<SnapshotResult> {
+    pub fn snapshot_deferred(
+        &self,
+        checkpoint_id: u64,
+        target_dir: &Path,
+    ) -> Result<SnapshotResult> {
         self.lock()
             .snapshot_into(checkpoint_id, target_dir, false, true)
     }

@@ -45,7 +45,11 @@ fn check_key(s: &StateStore, h: &Handles, i: u64) {
     s.set_current_key(&key(i)).unwrap();
     assert_eq!(h.v.value().unwrap(), Some(i), "value of key {i}");
     assert_eq!(h.l.get().unwrap(), vec![i, i + 1], "list of key {i}");
-    assert_eq!(h.m.entries().unwrap(), vec![((i % 4) as u32, i)], "map of key {i}");
+    assert_eq!(
+        h.m.entries().unwrap(),
+        vec![((i % 4) as u32, i)],
+        "map of key {i}"
+    );
 }
 
 #[test]
@@ -73,8 +77,16 @@ fn reads_see_writes_held_in_the_cache_and_the_backend_sees_one_write_per_key() {
     assert_eq!((stats.misses, stats.hits), (10, 990), "{stats:?}");
     s.snapshot(1, &env.path("chk-1")).unwrap();
     assert_eq!(s.approximate_entries().unwrap(), 10);
-    assert_eq!(s.cache_stats().writebacks, 10, "one write per key and epoch");
-    assert_eq!(s.cache_stats().entries, 10, "written entries stay cached, clean");
+    assert_eq!(
+        s.cache_stats().writebacks,
+        10,
+        "one write per key and epoch"
+    );
+    assert_eq!(
+        s.cache_stats().entries,
+        10,
+        "written entries stay cached, clean"
+    );
 }
 
 #[test]
@@ -105,7 +117,11 @@ fn a_snapshot_taken_right_after_writes_restores_them() {
                 check_key(&r, &rh, i);
             }
             r.set_current_key(&key(0)).unwrap();
-            assert_eq!(rh.v.value().unwrap(), None, "{kind:?}: cleared value restored");
+            assert_eq!(
+                rh.v.value().unwrap(),
+                None,
+                "{kind:?}: cleared value restored"
+            );
             assert!(rh.l.get().unwrap().is_empty(), "{kind:?}");
             assert!(rh.m.is_empty().unwrap(), "{kind:?}");
             // And the first checkpoint still holds the first epoch only.
@@ -161,7 +177,11 @@ fn restore_and_reset_drop_dirty_entries() {
         s.restore(&[chk]).unwrap();
         check_key(&s, &h, 1);
         s.set_current_key(&key(2)).unwrap();
-        assert_eq!(h.v.value().unwrap(), None, "{kind:?}: dirty write survived a restore");
+        assert_eq!(
+            h.v.value().unwrap(),
+            None,
+            "{kind:?}: dirty write survived a restore"
+        );
         assert!(h.l.get().unwrap().is_empty(), "{kind:?}");
         // Nor do the dropped entries reach a later snapshot.
         let after = snapshot_to(&s, 2, &env.path("chk-2"));
@@ -235,7 +255,9 @@ fn run_workload(env: &Env, kind: BackendKind, name: &str, cache: u64) -> (String
     let lookups = (0..37)
         .map(|k| format!("{:?}", s.key_state_json(&key(k)).unwrap()))
         .collect();
-    let sp = s.write_savepoint(1, &env.path(&format!("{name}-sp"))).unwrap();
+    let sp = s
+        .write_savepoint(1, &env.path(&format!("{name}-sp")))
+        .unwrap();
     let keyed = sp
         .files
         .iter()
@@ -254,10 +276,22 @@ fn savepoints_and_state_lookups_are_identical_with_the_cache_on_and_off() {
         let on = run_workload(&env, kind, "on", DEFAULT_CACHE_BYTES);
         let tiny = run_workload(&env, kind, "tiny", TINY_CACHE_BYTES);
         assert!(off.1.iter().any(|l| l != "None"), "the workload left state");
-        assert_eq!(on.1, off.1, "{kind:?}: state lookups differ with the cache on");
-        assert_eq!(tiny.1, off.1, "{kind:?}: state lookups differ with a tiny cache");
-        assert_eq!(on.0, off.0, "{kind:?}: savepoint bytes differ with the cache on");
-        assert_eq!(tiny.0, off.0, "{kind:?}: savepoint bytes differ with a tiny cache");
+        assert_eq!(
+            on.1, off.1,
+            "{kind:?}: state lookups differ with the cache on"
+        );
+        assert_eq!(
+            tiny.1, off.1,
+            "{kind:?}: state lookups differ with a tiny cache"
+        );
+        assert_eq!(
+            on.0, off.0,
+            "{kind:?}: savepoint bytes differ with the cache on"
+        );
+        assert_eq!(
+            tiny.0, off.0,
+            "{kind:?}: savepoint bytes differ with a tiny cache"
+        );
     }
 }
 
@@ -268,7 +302,11 @@ fn cache_bytes_zero_turns_the_cache_off() {
     let h = handles(&s);
     write_key(&s, &h, 1);
     check_key(&s, &h, 1);
-    assert_eq!(s.approximate_entries().unwrap(), 3, "written straight through");
+    assert_eq!(
+        s.approximate_entries().unwrap(),
+        3,
+        "written straight through"
+    );
     assert_eq!(
         s.cache_stats(),
         CacheStats::default(),

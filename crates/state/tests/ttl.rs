@@ -225,9 +225,17 @@ fn ttl_write_refreshes_and_expiry_is_exactly_at_ttl() {
         env.clock.advance(9);
         v.update(&2).unwrap();
         env.clock.advance(9);
-        assert_eq!(v.value().unwrap(), Some(2), "write refreshed the timestamp: {mode:?} {kind:?}");
+        assert_eq!(
+            v.value().unwrap(),
+            Some(2),
+            "write refreshed the timestamp: {mode:?} {kind:?}"
+        );
         env.clock.advance(1);
-        assert_eq!(v.value().unwrap(), None, "expired at last_write + ttl: {mode:?} {kind:?}");
+        assert_eq!(
+            v.value().unwrap(),
+            None,
+            "expired at last_write + ttl: {mode:?} {kind:?}"
+        );
     }
 }
 
