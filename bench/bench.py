@@ -160,9 +160,11 @@ listen = "127.0.0.1:{admin_port}"
 
 
 # Workload -> (output contract of check.py, contenders that can express it). S-zipf is S
-# on the Zipf input; P and J (no state) only run beside S.
+# on the Zipf input; P and J (no state) only run beside S. S-EO-grouped is S-EO with one
+# `group_by` rule in place of the four filtered sums (bench/rules-grouped.json, the same
+# outputs); S-EO-console is S-EO with the web console open in headless Chromium.
 WORKLOADS = {
-    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "KS", "Q", "F")),
+    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-grouped", "S-EO-console", "KS", "Q", "F")),
     "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
     "D": ("dedup", ("S-EO", "KS", "Q", "F")),
     "W": ("window", ("S-EO", "KS", "Q", "F")),
@@ -176,18 +178,19 @@ FLINK_JVM_OPENS = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
     "java.util.concurrent.locks")] + ["--add-exports=java.base/sun.net.util=ALL-UNNAMED"]
 
 
-def contenders(a, workload="S"):
+def contenders(a, workload="S", interval=None):
     """name -> (contract, at_least_once, launcher) for one workload. A launcher returns
-    (argv, env)."""
+    (argv, env). `interval`: streamstate's checkpoint interval in place of --interval."""
     contract = WORKLOADS[workload][0]
     code = workload[0]  # S-zipf runs the S job
     rules_topic = {"S": a.rules_topic, "D": a.rules_topic_d, "W": a.rules_topic_w}[code]
+    rules_topic_grouped = a.rules_topic_grouped if code == "S" else None
     interval_ms = str(int(parse_secs(a.interval) * 1000))
 
-    def ss(function, interval, guarantee="exactly_once"):
+    def ss(function, interval, guarantee="exactly_once", rules=None):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
-                                     rules_topic=rules_topic, event_time=code == "W")
+                                     rules_topic=rules or rules_topic, event_time=code == "W")
             return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
         return launch
 
@@ -200,7 +203,11 @@ def contenders(a, workload="S"):
             "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
         })
     if rules_topic:
-        table["S-EO"] = (contract, False, ss("rules", a.interval))
+        table["S-EO"] = (contract, False, ss("rules", interval or a.interval))
+        if code == "S" and a.console_script:
+            table["S-EO-console"] = (contract, False, ss("rules", a.interval))
+    if rules_topic_grouped:
+        table["S-EO-grouped"] = (contract, False, ss("rules", a.interval, rules=rules_topic_grouped))
     if a.kstreams_jar:
         def ks(run_dir, app, input_topic, output):
             return (["java", "-Xmx1g", "-jar", a.kstreams_jar, a.bootstrap, app, input_topic, output,
@@ -253,15 +260,24 @@ def histogram_quantile(samples, name, q):
 
 
 CHECKPOINT_LINE = re.compile(r"checkpoint completed .*?bytes=(\d+) bytes_written=(\d+) ms=(\d+)"
-                             r"(?: snapshot_ms=(\d+) upload_ms=(\d+) commit_ms=(\d+))?")
+                             r"(?: pause_ms=(\d+))?(?: snapshot_ms=(\d+))?(?: flush_ms=(\d+))?"
+                             r"(?: upload_ms=(\d+) commit_ms=(\d+))?")
 
 
 def logged_checkpoints(path):
-    """(bytes, bytes_written, ms, snapshot_ms, upload_ms, commit_ms) of every checkpoint a
-    streamstate log reports (INFO); the phases are None from builds that do not log them."""
+    """(bytes, bytes_written, ms, pause_ms, snapshot_ms, flush_ms, upload_ms, commit_ms) of
+    every checkpoint a streamstate log reports (INFO). The job-thread pause is `pause_ms`
+    (state snapshot + producer flush; upload and commit run on the committer thread);
+    builds that logged no `pause_ms` were synchronous, their pause being `ms`."""
+    out = []
     with open(path, errors="replace") as f:
-        return [tuple(None if x is None else int(x) for x in m.groups())
-                for m in map(CHECKPOINT_LINE.search, f) if m]
+        for m in map(CHECKPOINT_LINE.search, f):
+            if m:
+                c = [None if x is None else int(x) for x in m.groups()]
+                if c[3] is None:
+                    c[3] = c[2]
+                out.append(tuple(c))
+    return out
 
 
 def exact_quantile(values, q):
@@ -271,17 +287,19 @@ def exact_quantile(values, q):
 
 def state_sweep(checkpoints, sizes_mb):
     """Checkpoint figures per state size: the checkpoints whose total size was within
-    ±25% of each size. Synchronous checkpoints: duration = processing pause."""
+    ±25% of each size: job-thread pause and end-to-end duration, and the phases."""
     out = []
     for mb in sizes_mb:
         band = [c for c in checkpoints if 0.75 * mb * 1e6 <= c[0] <= 1.25 * mb * 1e6]
         row = {"state_mb": mb, "checkpoints": len(band)}
         if band:
-            ms = [c[2] for c in band]
-            row.update({"p50_ms": exact_quantile(ms, 0.5), "p99_ms": exact_quantile(ms, 0.99), "max_ms": max(ms),
+            ms, pause = [c[2] for c in band], [c[3] for c in band]
+            row.update({"p50_ms": exact_quantile(pause, 0.5), "p99_ms": exact_quantile(pause, 0.99),
+                        "max_ms": max(pause), "duration_p50_ms": exact_quantile(ms, 0.5),
+                        "duration_p99_ms": exact_quantile(ms, 0.99),
                         "median_bytes": statistics.median(c[0] for c in band),
                         "median_incremental_bytes": statistics.median(c[1] for c in band)})
-            for i, phase in ((3, "snapshot"), (4, "upload"), (5, "commit")):
+            for i, phase in ((4, "snapshot"), (5, "flush"), (6, "upload"), (7, "commit")):
                 row[f"{phase}_p50_ms"] = exact_quantile([c[i] for c in band if c[i] is not None], 0.5)
         out.append(row)
     return out
@@ -333,7 +351,7 @@ def run_recovery(a, spec):
         wait_committed(a, proc, progress, total, "S-EO catch-up")
         caught_up = time.monotonic() - restarted
         after = scrape(a.admin_port)
-        ms = [c[2] for c in checkpoints]
+        ms, pause = [c[2] for c in checkpoints], [c[3] for c in checkpoints]
         # Distinct keys among the events processed (uniform keys; Zipf: unknown).
         uniform = a.sweep_input is not None or a.dist == "uniform"  # run.sh's sweep input is uniform
         seen = keys * (1 - math.exp(-killed_at / keys)) if uniform else None
@@ -349,6 +367,9 @@ def run_recovery(a, spec):
             "checkpoint_p50_ms": exact_quantile(ms, 0.5),
             "checkpoint_p99_ms": exact_quantile(ms, 0.99),
             "checkpoint_max_ms": max(ms) if ms else None,
+            "pause_p50_ms": exact_quantile(pause, 0.5),
+            "pause_p99_ms": exact_quantile(pause, 0.99),
+            "pause_max_ms": max(pause) if pause else None,
             "checkpoints_before_kill": len(checkpoints),
             "last_checkpoint_bytes": before.get("streamstate_last_checkpoint_size_bytes"),
             "last_checkpoint_incremental_bytes": before.get("streamstate_last_checkpoint_incremental_size_bytes"),
@@ -416,11 +437,16 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
     first = None  # (t, committed, cpu) at the first committed progress
     result = {"workload": workload, "contender": name, "repeat": repeat, "ok": False}
     metrics = {}
+    console = None
     try:
         deadline = started + a.timeout
+        if name == "S-EO-console":
+            console = open_console(a, proc, run_dir, deadline)
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {run_dir}/contender.log")
+            if console is not None and console.poll() is not None:
+                raise RuntimeError(f"the console's browser exited with {console.returncode}; see {run_dir}/console.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not finish within {a.timeout}s")
             done = progress.committed()
@@ -464,6 +490,8 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
         log(result["error"])
     finally:
         progress.close()
+        if console is not None:
+            result["console"] = close_console(console, run_dir)
         stop(proc, logf)
         drop_state(run_dir)
     if "error" not in result:
@@ -480,6 +508,44 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
         drop_topics(a.bootstrap, app)  # a failed run's output stays, to be looked at
     log(json.dumps({k: v for k, v in result.items() if k != "checkpoints"}))
     return result
+
+
+def open_console(a, proc, run_dir, deadline):
+    """Headless Chromium (on the broker's CPU) with the console's Overview open on the
+    contender's admin port, polling as a person's tab does; returns once the page loaded,
+    before the run's measured window begins (its first committed progress comes after)."""
+    url = f"http://127.0.0.1:{a.admin_port}"
+    while not scrape(a.admin_port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the contender's admin port never answered")
+        time.sleep(0.05)
+    out = open(run_dir / "console.log", "w+")
+    browser = subprocess.Popen(["taskset", "-c", a.broker_cpu, "node", a.console_script, url, str(a.timeout)],
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    while "console open" not in (run_dir / "console.log").read_text():
+        if browser.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the console did not open; see {run_dir}/console.log")
+        time.sleep(0.05)
+    browser.log = out
+    return browser
+
+
+def close_console(browser, run_dir):
+    """Ends the browser; the number of /metrics scrapes the page made, from its last line."""
+    if browser.poll() is None:
+        browser.terminate()  # node closes its browser and prints the count
+        try:
+            browser.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(browser.pid, signal.SIGKILL)  # anything of Chromium's left over
+    except ProcessLookupError:
+        pass
+    browser.wait()
+    browser.log.close()
+    m = re.search(r"(\d+) /metrics scrapes", (run_dir / "console.log").read_text())
+    return {"metrics_scrapes": int(m.group(1)) if m else None}
 
 
 def start(a, name, launch, run_dir, app, input_topic, output, extra_env=None, log_name="contender.log"):
@@ -641,7 +707,10 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         "`bench/rules-d.json`) and **W** (per key a tumbling 10 s event-time window on `ts`, count/sum/min/max of "
         "`amount` emitted when it closes, watermark = newest event time − 2 s: `bench/rules-w.json`) on the main "
         "input. Every output is checked by `bench/check.py` against its own model.",
-        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; KS Kafka Streams; Q Quix Streams; F Apache Flink "
+        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-grouped streamstate with one `group_by` rule "
+        "for the four per-type sums (`bench/rules-grouped.json`, the same outputs); S-EO-console streamstate with "
+        "its web console's Overview open in headless Chromium (on the broker's CPU) for the whole measured window; "
+        "KS Kafka Streams; Q Quix Streams; F Apache Flink "
         "(local MiniCluster, parallelism 1, RocksDB incremental checkpoints, KafkaSink exactly-once). "
         "Mean checkpoint: streamstate's metrics, Flink's REST API (end-to-end duration).",
         "",
@@ -664,21 +733,33 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
             eo_alo = ratio(w, "S-EO", "S-ALO", "eps")
             p99_half = next((l.get("p99_ms") for l in latencies if l["contender"] == "S-EO" and l["load"] == 0.5), None)
             lines += [f"| S-EO / P (events/s) | {fmt(ratio(w, 'S-EO', 'P', 'eps'), 2)} | ≥ 0.5 with 1M keys |",
+                      f"| S-EO / J (events/s) | {fmt(ratio(w, 'S-EO', 'J', 'eps'), 2)} | ≥ 0.5 |",
                       f"| J / P (events/s) | {fmt(ratio(w, 'J', 'P', 'eps'), 2)} | |",
-                      f"| EO cost = 1 − S-EO / S-ALO | {fmt(None if eo_alo is None else 1 - eo_alo, 2)} | ≤ 0.10 |"]
+                      f"| EO cost = 1 − S-EO / S-ALO | {fmt(None if eo_alo is None else 1 - eo_alo, 2)} | ≤ 0.05 |",
+                      f"| S-EO-grouped / S-EO (events/s): one `group_by` rule for the four sums | "
+                      f"{fmt(ratio(w, 'S-EO-grouped', 'S-EO', 'eps'), 2)} | |",
+                      f"| S-EO-console / S-EO (events/s): the console open | "
+                      f"{fmt(ratio(w, 'S-EO-console', 'S-EO', 'eps'), 2)} | 1.00 within the spread |"]
         lines += [f"| S-EO / F (per CPU-s) | {fmt(ratio(w, 'S-EO', 'F', 'epc'), 2)} | |",
                   f"| S-EO / F (events/s) | {fmt(ratio(w, 'S-EO', 'F', 'eps'), 2)} | |",
-                  f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 2' if w == 'S' else ''} |",
+                  f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 4' if w == 'S' else ''} |",
                   f"| S-EO / Q (per CPU-s) | {fmt(ratio(w, 'S-EO', 'Q', 'epc'), 2)} | {'≥ 10' if w == 'S' else ''} |"]
         if w == "S":
-            lines.append(f"| S-EO p99 latency at 50% load (ms) | {fmt(p99_half)} | ≤ interval + 50 ms = "
-                         f"{fmt(parse_secs(a.interval) * 1000 + 50)} |")
+            short = f"S-EO-{a.short_interval}"
+            p99_short = next((l.get("p99_ms") for l in latencies if l["contender"] == short and l["load"] == 0.5), None)
+            sweep = {x["state_mb"]: x for x in (recovery or {}).get("sweep") or []}
+            pause_1g = (sweep.get(1000) or {}).get("p99_ms")
+            lines += [f"| S-EO p99 latency at 50% load (ms) | {fmt(p99_half)} | ≤ interval + 100 ms = "
+                      f"{fmt(parse_secs(a.interval) * 1000 + 100)} |",
+                      f"| {short} p99 latency at 50% load (ms) | {fmt(p99_short)} | ≤ 400 |",
+                      f"| job-thread pause p99 at 1 GB (ms) | {fmt(pause_1g)} | ≤ 10 |"]
         lines += ["", "`n/a`: the contender did not run (see bench/README.md).", ""]
     flink_runs = [r for r in results if r["contender"] == "F" and (r.get("checkpoints") or {}).get("flink_checkpoints_completed")]
     if flink_runs:
         lines += ["## Flink's checkpoints (REST API, end-to-end duration)", "",
                   "Flink's RocksDB checkpoints are asynchronous: only their synchronous part (memtable flush, hard links) "
-                  "pauses processing, so the end-to-end duration is not a pause (streamstate's, today synchronous, is).", "",
+                  "pauses processing, so the end-to-end duration is not a pause (streamstate's are asynchronous too: its "
+                  "pause is in the state section below).", "",
                   "| workload | repeat | checkpoints | avg / p50 / p99 / max (ms) | checkpointed (incremental) avg / max "
                   "| largest state size |",
                   "|---|---|---|---|---|---|"]
@@ -696,7 +777,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                   f"Each contender at a fixed rate of 50% and 80% of its own median max for {a.latency_secs} s; "
                   "latency = time a read_committed reader gets the output − the input's intended send time "
                   "(the generator's `ts`; for S: the dedup outputs, which carry the event). Generator and "
-                  "reader share CPU " + a.broker_cpu + " with the broker.", "",
+                  "reader share CPU " + a.broker_cpu + " with the broker. " + (f"S-EO-{a.short_interval}: S-EO with "
+                  f"{a.short_interval} checkpoints at 50% of S-EO's max." if a.short_interval else ""), "",
                   "| contender | load | rate (events/s) | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms |",
                   "|---|---|---|---|---|---|---|---|"]
         for l in latencies:
@@ -715,7 +797,9 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                   f"S-EO on {where} until its checkpoints reached the largest size of the state sweep "
                   "(or half the input; at most 90% of it), SIGKILLed, then restarted (checkpoint storage on the "
                   "local file system). Checkpoint sizes and durations are every checkpoint's own, from the "
-                  "contender's log. Checkpoints are synchronous: the pause is the whole checkpoint duration.", ""]
+                  "contender's log. The job thread pauses only for the state snapshot (memtable flush, hard links, "
+                  "operator state) and the flush of the epoch's producer; upload and commit run on the committer "
+                  "thread while the next epoch is processed.", ""]
         if "error" in r:
             lines += [f"error: {r['error']}", ""]
         else:
@@ -727,7 +811,9 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       f"| disk bytes per state entry ({fmt(r.get('state_entries'))}, RocksDB's estimate) / per event | "
                       f"{fmt(r.get('disk_bytes_per_entry'), 1)} / {fmt(r.get('disk_bytes_per_event'), 1)} |",
                       f"| checkpoints before the kill | {fmt(r['checkpoints_before_kill'])} |",
-                      f"| checkpoint duration = pause, p50 / p99 / max | "
+                      f"| job-thread pause, p50 / p99 / max | "
+                      f"{fmt(r.get('pause_p50_ms'))} / {fmt(r.get('pause_p99_ms'))} / {fmt(r.get('pause_max_ms'))} ms |",
+                      f"| checkpoint duration (barrier to commit), p50 / p99 / max | "
                       f"{fmt(r['checkpoint_p50_ms'])} / {fmt(r['checkpoint_p99_ms'])} / {fmt(r['checkpoint_max_ms'])} ms |",
                       f"| last checkpoint: total vs incremental bytes | {mb(r['last_checkpoint_bytes'])} vs "
                       f"{mb(r['last_checkpoint_incremental_bytes'])} |",
@@ -738,18 +824,20 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       ""]
             if r.get("sweep"):
                 lines += ["Checkpoints by state size (those within ±25% of each size):", "",
-                          "| state size | checkpoints | pause p50 / p99 / max (ms) | p50 snapshot / upload / commit (ms) "
-                          "| median total | median incremental |",
-                          "|---|---|---|---|---|---|"]
+                          "| state size | checkpoints | pause p50 / p99 / max (ms) | duration p50 / p99 (ms) "
+                          "| p50 snapshot / flush / upload / commit (ms) | median total | median incremental |",
+                          "|---|---|---|---|---|---|---|"]
                 for w in r["sweep"]:
                     if w["checkpoints"]:
                         lines.append(f"| {w['state_mb']:,} MB | {w['checkpoints']} | {fmt(w['p50_ms'])} / "
-                                     f"{fmt(w['p99_ms'])} / {fmt(w['max_ms'])} | {fmt(w['snapshot_p50_ms'])} / "
-                                     f"{fmt(w['upload_p50_ms'])} / {fmt(w['commit_p50_ms'])} | {mb(w['median_bytes'])} | "
+                                     f"{fmt(w['p99_ms'])} / {fmt(w['max_ms'])} | {fmt(w.get('duration_p50_ms'))} / "
+                                     f"{fmt(w.get('duration_p99_ms'))} | {fmt(w['snapshot_p50_ms'])} / "
+                                     f"{fmt(w.get('flush_p50_ms'))} / {fmt(w['upload_p50_ms'])} / "
+                                     f"{fmt(w['commit_p50_ms'])} | {mb(w['median_bytes'])} | "
                                      f"{mb(w['median_incremental_bytes'])} |")
                     else:
                         lines.append(f"| {w['state_mb']:,} MB | 0: not reached with this input (largest "
-                                     f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | | |")
+                                     f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | | | |")
                 lines.append("")
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
@@ -797,6 +885,12 @@ def main():
     ap.add_argument("--rules-topic", required=True, help="control topic holding bench/rules.json (S)")
     ap.add_argument("--rules-topic-d", default=None, help="control topic holding bench/rules-d.json (D)")
     ap.add_argument("--rules-topic-w", default=None, help="control topic holding bench/rules-w.json (W)")
+    ap.add_argument("--rules-topic-grouped", default=None,
+                    help="control topic holding bench/rules-grouped.json (S-EO-grouped)")
+    ap.add_argument("--console-script", default=None,
+                    help="integration-tests/console/hold-open.mjs with its playwright-core (S-EO-console)")
+    ap.add_argument("--short-interval", default="200ms",
+                    help="S-EO's extra latency run at 50%% load with this checkpoint interval; empty: none")
     ap.add_argument("--workloads", default="S,S-zipf,D,W", help=f"of {','.join(WORKLOADS)}")
     ap.add_argument("--zipf-input", default=None, help="input topic of S-zipf")
     ap.add_argument("--zipf-summary", default="{}", help="the generator's summary line of --zipf-input")
@@ -865,11 +959,18 @@ def main():
     latencies, recovery = [], None
     if "S" in workloads:
         for load in [float(x) for x in a.loads.split(",") if x]:
-            for name in parts["S"]["order"]:
+            # S-EO-grouped and S-EO-console are throughput variants of S-EO: no latency runs.
+            for name in [n for n in parts["S"]["order"] if n not in ("S-EO-grouped", "S-EO-console")]:
                 eps = median_spread([r.get("events_per_s") for r in results
                                      if r["contender"] == name and r["workload"] == "S"])[0]
                 if eps:
                     latencies.append(run_latency(a, name, tables["S"][name], load, eps))
+        seo = median_spread([r.get("events_per_s") for r in results
+                             if r["contender"] == "S-EO" and r["workload"] == "S"])[0]
+        if a.short_interval and seo:
+            name = f"S-EO-{a.short_interval}"
+            spec = ("workload", False, contenders(a, "S", interval=a.short_interval)["S-EO"][2])
+            latencies.append(run_latency(a, name, spec, 0.5, seo))
         if a.recovery and "S-EO" in parts["S"]["order"]:
             recovery = run_recovery(a, tables["S"]["S-EO"])
     ran_ok = (all(r["ok"] for r in results) and not any("error" in l for l in latencies)

@@ -10,7 +10,9 @@ isolation.level=read_committed and checks one of five output contracts:
   workload     the S workload (bench/rules.json; Kafka Streams and Quix emit the same
                records): per key, `count` outputs with counts 1..n once each; one `dedup`
                output per distinct (key, event_id); per (key, type) `sum-<type>` outputs
-               with counts 1..m once each and the last value equal to the model's sum;
+               with counts 1..m once each and the last value equal to the model's sum
+               (or, from bench/rules-grouped.json, `sum-by-type` outputs whose
+               `group.value` names the type, checked the same way);
   dedup        workload D (bench/rules-d.json): exactly one `dedup` output per distinct
                (key, event_id), its `value` equal to the event, and nothing else;
   window       workload W (bench/rules-w.json): per key, tumbling 10 s windows on the
@@ -198,8 +200,9 @@ def check(args):
                 counts[k][int(o["value"])] += 1
             elif rid == "dedup":
                 dedups[(k, o["value"]["event_id"])] += 1
-            elif isinstance(rid, str) and rid.startswith("sum-"):
-                t = rid[4:]
+            elif rid == "sum-by-type" or (isinstance(rid, str) and rid.startswith("sum-")):
+                # bench/rules-grouped.json: one rule, the type in the output's group.
+                t = o["group"]["value"] if rid == "sum-by-type" else rid[4:]
                 n = int(o["count"])
                 sum_counts[(k, t)][n] += 1
                 if n == per_type[(k, t)]:

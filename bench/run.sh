@@ -5,8 +5,8 @@
 # BENCHMARKS.md and a PNG. A benchmark, never a test: it reports figures and fails only
 # when a contender crashes or its output is wrong. See bench/README.md.
 #
-#   bench/run.sh                                   # everything (~3 h; see bench/README.md)
-#   BENCH_WORKLOADS=S bench/run.sh                 # or in parts: part 1
+#   bench/run.sh                                   # the S workload (~90 min)
+#   BENCH_WORKLOADS=S,S-zipf,D,W bench/run.sh      # the full comparison (~3 h), or in parts:
 #   BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
 #   BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh          # part 3, merged
 #
@@ -14,6 +14,8 @@
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
 #   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
+#   BENCH_SHORT_INTERVAL [200ms]  S-EO's extra latency run at 50% load with this checkpoint
+#                           interval (empty: none)
 #   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes, from the
 #                           recovery run, whose SIGKILL waits for the largest; it reads its
 #                           own input, BENCH_SWEEP_EVENTS [20000000] over BENCH_SWEEP_KEYS
@@ -22,14 +24,14 @@
 #                           near 0.93 GB after ~10 min, and at most 90% of the input is read
 #                           before the kill). Empty: the recovery run reads the main input
 #                           and is killed at half of it
-#   BENCH_WORKLOADS [S,S-zipf,D,W]  S: bench/rules.json on the main input (+ latency runs and
+#   BENCH_WORKLOADS [S]  of S,S-zipf,D,W. S: bench/rules.json on the main input (+ latency runs and
 #                           the state sweep); S-zipf: the same on BENCH_ZIPF_KEYS [100000] keys,
 #                           Zipf(1.0), BENCH_EVENTS events; D: dedup (rules-d.json); W: tumbling
 #                           event-time windows (rules-w.json), both on the main input
 #   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
 #                           are taken from it into the report (and its latency and sweep
 #                           figures when this run has no S)
-#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,KS,Q,F]  (unavailable ones are skipped and named;
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F]  (unavailable ones are skipped and named;
 #                           each workload runs those that can express it: D, W and S-zipf
 #                           S-EO, KS, Q, F)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
@@ -51,8 +53,8 @@ DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
 REPEATS="${BENCH_REPEATS:-3}"
 INTERVAL="${BENCH_INTERVAL:-1s}"
-CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,KS,Q,F}"
-WORKLOADS="${BENCH_WORKLOADS:-S,S-zipf,D,W}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F}"
+WORKLOADS="${BENCH_WORKLOADS:-S}"  # the full comparison: S,S-zipf,D,W (~3 h)
 ZIPF_KEYS="${BENCH_ZIPF_KEYS:-100000}"
 WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"
 export KAFKA_PORT="${KAFKA_PORT:-19792}" KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19793}"
@@ -99,6 +101,20 @@ if [[ ",$CONTENDERS," == *",F,"* ]]; then
         log "Apache Flink contender could not be built: skipped"
     fi
 fi
+if [[ ",$CONTENDERS," == *",S-EO-console,"* ]]; then
+    # Debian's Chromium driven by the console test's playwright-core (web/node_modules).
+    if ! command -v chromium >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq chromium >/dev/null || true
+    fi
+    if [[ ! -d "$ROOT/web/node_modules/playwright-core" ]]; then
+        (cd "$ROOT/web" && npm ci --no-audit --no-fund --cache /var/tmp/streamstate-npm-cache >&2) || true
+    fi
+    if command -v chromium >/dev/null && [[ -d "$ROOT/web/node_modules/playwright-core" ]]; then
+        extra+=(--console-script "$ROOT/integration-tests/console/hold-open.mjs")
+    else
+        log "Chromium or playwright-core missing: S-EO-console skipped"
+    fi
+fi
 if [[ ",$CONTENDERS," == *",Q,"* ]]; then
     if qpy="$("$ROOT/bench/quix/setup.sh" "$WORK/quix-venv" 2>&2 | tail -n1)" && [[ -x "$qpy" ]]; then
         extra+=(--quix-python "$qpy")
@@ -133,7 +149,13 @@ summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$
     --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
     --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
 log "input: $summary"
-# D's and W's rules, each on its own control topic (published like rules.json).
+# S-EO-grouped's rules (S with one group_by rule), and D's and W's: each on its own
+# control topic, published like rules.json.
+if [[ ",$CONTENDERS," == *",S-EO-grouped,"* && ",$WORKLOADS," == *",S,"* ]]; then
+    "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 --events 0 \
+        --rules "$ROOT/bench/rules-grouped.json" --control-topic "$RULES_TOPIC-grouped" >/dev/null
+    extra+=(--rules-topic-grouped "$RULES_TOPIC-grouped")
+fi
 for w in D W; do
     if [[ ",$WORKLOADS," == *",$w,"* ]]; then
         lc="$(tr 'A-Z' 'a-z' <<<"$w")"
@@ -167,6 +189,6 @@ fi
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
     --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" \
     --flink-rest-port "${BENCH_FLINK_REST_PORT:-19481}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
-    --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" \
+    --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" --short-interval "${BENCH_SHORT_INTERVAL-200ms}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
     "${extra[@]}" "${sweep[@]}"
