@@ -445,8 +445,8 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; see {run_dir}/contender.log")
-            if console is not None and console.poll() is not None:
-                raise RuntimeError(f"the console's browser exited with {console.returncode}; see {run_dir}/console.log")
+            if console is not None and console[0].poll() is not None:
+                raise RuntimeError(f"the console's browser exited with {console[0].returncode}; see {run_dir}/console.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not finish within {a.timeout}s")
             done = progress.committed()
@@ -526,12 +526,12 @@ def open_console(a, proc, run_dir, deadline):
         if browser.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the console did not open; see {run_dir}/console.log")
         time.sleep(0.05)
-    browser.log = out
-    return browser
+    return browser, out
 
 
-def close_console(browser, run_dir):
+def close_console(console, run_dir):
     """Ends the browser; the number of /metrics scrapes the page made, from its last line."""
+    browser, out = console
     if browser.poll() is None:
         browser.terminate()  # node closes its browser and prints the count
         try:
@@ -543,7 +543,7 @@ def close_console(browser, run_dir):
     except ProcessLookupError:
         pass
     browser.wait()
-    browser.log.close()
+    out.close()
     m = re.search(r"(\d+) /metrics scrapes", (run_dir / "console.log").read_text())
     return {"metrics_scrapes": int(m.group(1)) if m else None}
 
