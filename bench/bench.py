@@ -3,8 +3,9 @@
 
 Called by bench/run.sh (which builds, starts the broker and fills the inputs); see
 bench/README.md. Workloads: S (bench/rules.json) on the main input, S-zipf (the same on
-the Zipf input), D (dedup, bench/rules-d.json) and W (tumbling event-time windows,
-bench/rules-w.json) on the main input. Within a workload every contender reads the same
+the Zipf input), D (dedup, bench/rules-d.json), W (tumbling event-time windows,
+bench/rules-w.json) and SEQ (one sequence rule, bench/rules-seq.json, in processing and
+in event time) on the main input. Within a workload every contender reads the same
 input topic from offset 0 into its own output topic, pinned to its own CPU; the order is
 A-B-C-A-B-C per repeat. A contender is done when its consumer group's committed offsets
 reach the input's end offsets (its output is then committed too, in the same transaction
@@ -126,7 +127,8 @@ def streamstate_config(a, run_dir, app, input_topic, output, function, interval,
                        rules_topic=None, event_time=False):
     admin_port = a.admin_port
     rules_topic = rules_topic or a.rules_topic
-    # W: event time from the event's `ts`, watermark = slowest partition's newest - 2 s.
+    # W, S-EO-seq-et: event time from the event's `ts`, watermark = slowest partition's
+    # newest - 2 s.
     time_cfg = 'timestamp = "/ts"\nmax_out_of_orderness = "2s"' if event_time else ""
     body = f'''[kafka]
 bootstrap_servers = "{a.bootstrap}"
@@ -162,12 +164,15 @@ listen = "127.0.0.1:{admin_port}"
 # Workload -> (output contract of check.py, contenders that can express it). S-zipf is S
 # on the Zipf input; P and J (no state) only run beside S. S-EO-grouped is S-EO with one
 # `group_by` rule in place of the four filtered sums (bench/rules-grouped.json, the same
-# outputs); S-EO-console is S-EO with the web console open in headless Chromium.
+# outputs); S-EO-console is S-EO with the web console open in headless Chromium. SEQ is
+# one sequence rule (bench/rules-seq.json) in processing time (S-EO-seq) and in event
+# time (S-EO-seq-et, as W's `ts` and 2 s): what event-time sequence matching costs.
 WORKLOADS = {
     "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-grouped", "S-EO-console", "KS", "Q", "F")),
     "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
     "D": ("dedup", ("S-EO", "KS", "Q", "F")),
     "W": ("window", ("S-EO", "KS", "Q", "F")),
+    "SEQ": ("sequence", ("S-EO-seq", "S-EO-seq-et")),
 }
 
 # Flink 2 on Java 17 needs these packages open (Flink's own launch scripts pass the same
@@ -182,15 +187,16 @@ def contenders(a, workload="S", interval=None):
     """name -> (contract, at_least_once, launcher) for one workload. A launcher returns
     (argv, env). `interval`: streamstate's checkpoint interval in place of --interval."""
     contract = WORKLOADS[workload][0]
-    code = workload[0]  # S-zipf runs the S job
-    rules_topic = {"S": a.rules_topic, "D": a.rules_topic_d, "W": a.rules_topic_w}[code]
+    code = "SEQ" if workload == "SEQ" else workload[0]  # S-zipf runs the S job
+    rules_topic = {"S": a.rules_topic, "D": a.rules_topic_d, "W": a.rules_topic_w,
+                   "SEQ": a.rules_topic_seq}[code]
     rules_topic_grouped = a.rules_topic_grouped if code == "S" else None
     interval_ms = str(int(parse_secs(a.interval) * 1000))
 
-    def ss(function, interval, guarantee="exactly_once", rules=None):
+    def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W"):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
-                                     rules_topic=rules or rules_topic, event_time=code == "W")
+                                     rules_topic=rules or rules_topic, event_time=event_time)
             return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
         return launch
 
@@ -202,7 +208,14 @@ def contenders(a, workload="S", interval=None):
             "S-EO-10s": ("workload", False, ss("rules", "10s")),
             "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
         })
-    if rules_topic:
+    if code == "SEQ" and rules_topic:
+        # check.py's `sequence` contract; `sequence-et`: the same in event time, with the
+        # dead-letter topic (late events) checked too.
+        table.update({
+            "S-EO-seq": (contract, False, ss("rules", a.interval)),
+            "S-EO-seq-et": (contract + "-et", False, ss("rules", a.interval, event_time=True)),
+        })
+    elif rules_topic:
         table["S-EO"] = (contract, False, ss("rules", interval or a.interval))
         if code == "S" and a.console_script:
             table["S-EO-console"] = (contract, False, ss("rules", a.interval))
@@ -476,10 +489,11 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
             "events_per_cpu_s": events / cpu_used if cpu_used > 0 else None,
             "checkpoints": metrics,
         })
-        # Not measured: W's last windows close on the last events and Flink commits its
-        # sink's transaction beside (not with) its source offsets, so both get a few more
-        # checkpoints before the stop, for the checker to see every output committed.
-        if workload == "W" or name == "F":
+        # Not measured: W's last windows (and S-EO-seq-et's last matches) close on the
+        # last events and Flink commits its sink's transaction beside (not with) its
+        # source offsets, so they get a few more checkpoints before the stop, for the
+        # checker to see every output committed.
+        if workload == "W" or name == "F" or contract == "sequence-et":
             linger_until = time.monotonic() + 3 * parse_secs(a.interval) + 2
             while time.monotonic() < linger_until:
                 if proc.poll() is not None:
@@ -495,9 +509,12 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
         stop(proc, logf)
         drop_state(run_dir)
     if "error" not in result:
+        seq = (["--dead-letter", output + "-dlq"] + (["--event-time"] if contract == "sequence-et" else [])
+               if contract.startswith("sequence") else [])
         check = subprocess.run([sys.executable, str(HERE / "check.py"), "--bootstrap", a.bootstrap,
-                                "--input", input_topic, "--output", output, "--contract", contract]
-                               + (["--at-least-once"] if alo else []),
+                                "--input", input_topic, "--output", output,
+                                "--contract", "sequence" if seq else contract]
+                               + (["--at-least-once"] if alo else []) + seq,
                                capture_output=True, text=True)
         try:
             result["check"] = json.loads(check.stdout.strip().splitlines()[-1])
@@ -706,10 +723,13 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         "on the Zipf input; **D** (dedup of `event_id` per key, 10 min TTL, first sighting only: "
         "`bench/rules-d.json`) and **W** (per key a tumbling 10 s event-time window on `ts`, count/sum/min/max of "
         "`amount` emitted when it closes, watermark = newest event time − 2 s: `bench/rules-w.json`) on the main "
-        "input. Every output is checked by `bench/check.py` against its own model.",
+        "input; **SEQ** (one sequence rule, view → cart → purchase within 24 h per key: `bench/rules-seq.json`) "
+        "on the main input, in processing time (S-EO-seq) and in event time on `ts` with W's watermark "
+        "(S-EO-seq-et). Every output is checked by `bench/check.py` against its own model.",
         "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-grouped streamstate with one `group_by` rule "
         "for the four per-type sums (`bench/rules-grouped.json`, the same outputs); S-EO-console streamstate with "
         "its web console's Overview open in headless Chromium (on the broker's CPU) for the whole measured window; "
+        "S-EO-seq / S-EO-seq-et streamstate with `bench/rules-seq.json` in processing / event time; "
         "KS Kafka Streams; Q Quix Streams; F Apache Flink "
         "(local MiniCluster, parallelism 1, RocksDB incremental checkpoints, KafkaSink exactly-once). "
         "Mean checkpoint: streamstate's metrics, Flink's REST API (end-to-end duration).",
@@ -740,10 +760,15 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       f"{fmt(ratio(w, 'S-EO-grouped', 'S-EO', 'eps'), 2)} | |",
                       f"| S-EO-console / S-EO (events/s): the console open | "
                       f"{fmt(ratio(w, 'S-EO-console', 'S-EO', 'eps'), 2)} | 1.00 within the spread |"]
-        lines += [f"| S-EO / F (per CPU-s) | {fmt(ratio(w, 'S-EO', 'F', 'epc'), 2)} | |",
-                  f"| S-EO / F (events/s) | {fmt(ratio(w, 'S-EO', 'F', 'eps'), 2)} | |",
-                  f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 4' if w == 'S' else ''} |",
-                  f"| S-EO / Q (per CPU-s) | {fmt(ratio(w, 'S-EO', 'Q', 'epc'), 2)} | {'≥ 10' if w == 'S' else ''} |"]
+        if w == "SEQ":
+            lines += [f"| S-EO-seq-et / S-EO-seq (events/s): the sequence rule in event time | "
+                      f"{fmt(ratio(w, 'S-EO-seq-et', 'S-EO-seq', 'eps'), 2)} | |",
+                      f"| S-EO-seq-et / S-EO-seq (per CPU-s) | {fmt(ratio(w, 'S-EO-seq-et', 'S-EO-seq', 'epc'), 2)} | |"]
+        else:
+            lines += [f"| S-EO / F (per CPU-s) | {fmt(ratio(w, 'S-EO', 'F', 'epc'), 2)} | |",
+                      f"| S-EO / F (events/s) | {fmt(ratio(w, 'S-EO', 'F', 'eps'), 2)} | |",
+                      f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 4' if w == 'S' else ''} |",
+                      f"| S-EO / Q (per CPU-s) | {fmt(ratio(w, 'S-EO', 'Q', 'epc'), 2)} | {'≥ 10' if w == 'S' else ''} |"]
         if w == "S":
             short = f"S-EO-{a.short_interval}"
             p99_short = next((l.get("p99_ms") for l in latencies if l["contender"] == short and l["load"] == 0.5), None)
@@ -885,6 +910,7 @@ def main():
     ap.add_argument("--rules-topic", required=True, help="control topic holding bench/rules.json (S)")
     ap.add_argument("--rules-topic-d", default=None, help="control topic holding bench/rules-d.json (D)")
     ap.add_argument("--rules-topic-w", default=None, help="control topic holding bench/rules-w.json (W)")
+    ap.add_argument("--rules-topic-seq", default=None, help="control topic holding bench/rules-seq.json (SEQ)")
     ap.add_argument("--rules-topic-grouped", default=None,
                     help="control topic holding bench/rules-grouped.json (S-EO-grouped)")
     ap.add_argument("--console-script", default=None,

@@ -3,7 +3,7 @@
 
 Shares nothing with the contenders: its own Kafka client (confluent-kafka), JSON parsing
 and reference model, built from the input topic. Reads the output with
-isolation.level=read_committed and checks one of five output contracts:
+isolation.level=read_committed and checks one of six output contracts:
 
   passthrough  the output holds every input record's (key, value) exactly once, unchanged;
   json         every input event exactly once, as equal JSON, keyed by its user_id;
@@ -25,6 +25,29 @@ isolation.level=read_committed and checks one of five output contracts:
                or below the lowest partition's newest event time (Flink's and streamstate's
                watermark is the slowest partition's; Kafka Streams' and Quix's are per
                partition and close more, which may be there too but must be right).
+  sequence     workload SEQ (bench/rules-seq.json): per key, non-overlapping matches of
+               view -> cart -> purchase (within 24 h), each the model's exactly: the same
+               input records (`sequence.sources`, partition and offset), the same events
+               in `value`, in the same order, and nothing else. The model follows
+               docs/rules.md: at most one partial per number of steps matched, the
+               later-started one kept (an equal start keeps the one already there); an
+               event matching no step leaves the partials; a completed match clears them.
+               Processing time (default): each key's events in partition (arrival) order.
+               Their times are the engine's wall clock, unknown here: two consecutive
+               events of a key at most TIE_OFFSETS apart in their partition may share a
+               millisecond, so the output must be the model's for one assignment of equal
+               or increasing times (a tie only changes which of two same-level partials
+               is kept); `within` is wall-clock, 24 h, and cannot bite in a run.
+               --event-time: late events (below the watermark when they arrive) are
+               dead-lettered; the model's watermark is the slowest partition's newest
+               event time - 2 s over the whole input, and the events it passed (ts + 1 <=
+               watermark: their timer fired) are matched per key in ts order, ties in
+               arrival order, with `within` on ts; `started`/`ended` are the first and
+               last event's ts. With --dead-letter, its records must be the late events:
+               none when no event is more than 2 s older than one before it in its
+               partition (the generator's re-sends reach back ~1 s); otherwise each must
+               be such an event (which of them were late depends on how partitions
+               interleaved) and they are left out.
 
 --at-least-once relaxes "once" to "at least once" and reports the duplicates.
 Prints a JSON report; exits 1 on a violation, 2 on a usage/connection error.
@@ -43,10 +66,19 @@ from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING
 WINDOW_MS = 10_000
 OUT_OF_ORDERNESS_MS = 2_000
 WINDOW_FNS = ("count", "sum", "min", "max")
+SEQ_RULE = "seq-view-cart-purchase"
+SEQ_STEPS = ("view", "cart", "purchase")
+SEQ_WITHIN_MS = 24 * 3600 * 1000
+# Most events a contender handles in one millisecond (wall clock), as a distance in a
+# partition's offsets: two events of a key closer than this may share a processing time.
+TIE_OFFSETS = 1000
+# Most tie assignments followed at once for one key before giving up on it.
+MAX_BRANCHES = 4096
 
 
-def read_topic(bootstrap, topic, timeout_s=600, partitions=False):
-    """(key, value) of every committed record, or (key, value, partition) with `partitions`."""
+def read_topic(bootstrap, topic, timeout_s=600, partitions=False, full=False):
+    """(key, value) of every committed record, or (key, value, partition) with `partitions`,
+    or (key, value, partition, offset, headers) with `full`; in offset order per partition."""
     c = Consumer({
         "bootstrap.servers": bootstrap,
         "group.id": f"bench-checker-{uuid.uuid4()}",
@@ -72,9 +104,100 @@ def read_topic(bootstrap, topic, timeout_s=600, partitions=False):
                 raise TimeoutError(f"{topic}: end offsets {ends} not reached, at {pos}")
             for m in c.consume(num_messages=10000, timeout=0.5):
                 if m.error() is None:
-                    out.append((m.key(), m.value(), m.partition()) if partitions else (m.key(), m.value()))
+                    out.append((m.key(), m.value(), m.partition(), m.offset(), m.headers()) if full else
+                               (m.key(), m.value(), m.partition()) if partitions else (m.key(), m.value()))
     finally:
         c.close()
+
+
+def topic_partitions(bootstrap, topic):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-checker-{uuid.uuid4()}"})
+    try:
+        md = c.list_topics(topic, timeout=30).topics.get(topic)
+        if md is None or md.error is not None:
+            raise ValueError(f"topic {topic}: {md.error if md else 'missing'}")
+        return sorted(md.partitions)
+    finally:
+        c.close()
+
+
+def seq_advance(partials, t, etype, ident, bounded):
+    """One event (type `etype`, input record `ident`, time `t`) against one key's partials
+    (a tuple of (start, steps matched, idents), at most one per steps matched): the new
+    partials and the completed match (idents) or None. `bounded`: `within` is checked on
+    `t` (event time); in processing time the times are ranks and `within` cannot bite."""
+    kept = []
+
+    def keep(p):
+        for i, q in enumerate(kept):
+            if q[1] == p[1]:
+                if q[0] < p[0]:  # the later-started dominates; an equal start keeps q
+                    kept[i] = p
+                return
+        kept.append(p)
+
+    done = None
+
+    def moved(p):
+        nonlocal done
+        if p[1] == len(SEQ_STEPS):
+            if done is None or done[0] > p[0]:
+                done = p
+        else:
+            keep(p)
+
+    for p in partials:
+        in_bound = t >= p[0] and (not bounded or t - p[0] <= SEQ_WITHIN_MS)
+        if in_bound and etype == SEQ_STEPS[p[1]]:
+            moved((p[0], p[1] + 1, p[2] + (ident,)))
+        else:
+            keep(p)  # an event that cannot advance it leaves it as it was
+    if etype == SEQ_STEPS[0]:
+        moved((t, 1, (ident,)))
+    if done is not None:
+        return (), done[2]  # skip past last event: a match clears every partial
+    return tuple(kept), None
+
+
+def seq_processing_time(events, got):
+    """Whether some assignment of processing times to one key's events (arrival order;
+    (type, ident, partition offset)) gives exactly the matches `got` (lists of idents):
+    times never decrease and two consecutive events share one only when at most
+    TIE_OFFSETS apart. Branches are followed together, merged when equal (times as ranks
+    among the partials' starts and the current time), and dropped at the first match that
+    is not the output's next one. Returns (ok, the matches with strictly increasing times,
+    branches at most); ok is None when more than MAX_BRANCHES were needed (not decided)."""
+    strict, partials = [], ()
+    for n, (etype, ident, _) in enumerate(events):
+        partials, m = seq_advance(partials, n, etype, ident, False)
+        if m is not None:
+            strict.append(m)
+    if strict == got:
+        return True, strict, 1
+    branches = {((), 0, 0)}  # (partials, current time, matches so far)
+    widest, prev = 1, None
+    for etype, ident, offset in events:
+        tie = prev is not None and offset - prev <= TIE_OFFSETS
+        prev = offset
+        nxt = set()
+        for partials, now, k in branches:
+            for t in ((now, now + 1) if tie else (now + 1,)):
+                ps, m = seq_advance(partials, t, etype, ident, False)
+                if m is not None:
+                    if k >= len(got) or m != got[k]:
+                        continue
+                    k2 = k + 1
+                else:
+                    k2 = k
+                ranks = {v: i for i, v in enumerate(sorted({p[0] for p in ps} | {t}))}
+                nxt.add((tuple((ranks[p[0]], p[1], p[2]) for p in ps), ranks[t], k2))
+        branches = nxt
+        widest = max(widest, len(branches))
+        if len(branches) > MAX_BRANCHES:
+            return None, strict, widest
+        if not branches:
+            break
+    return any(k == len(got) for _, _, k in branches), strict, widest
 
 
 def close(got, want):
@@ -82,7 +205,7 @@ def close(got, want):
 
 
 def check(args):
-    inputs = read_topic(args.bootstrap, args.input, partitions=True)
+    inputs = read_topic(args.bootstrap, args.input, partitions=True, full=args.contract == "sequence")
     outputs = read_topic(args.bootstrap, args.output)
     problems = collections.Counter()
     examples = []
@@ -177,6 +300,91 @@ def check(args):
         extra.update({"windows": len(model), "windows_required": len(required),
                       "windows_emitted": len({w for w, _ in seen}),
                       "watermark_bound_ms": bound - OUT_OF_ORDERNESS_MS})
+    elif args.contract == "sequence":
+        # Input records by (partition, offset); each key's events in arrival order.
+        by_id, arrival, newest = {}, collections.defaultdict(list), {}
+        late_candidates, may_be_late = set(), 0
+        for _, v, p, off, _ in inputs:
+            e = json.loads(v)
+            ts = int(e["ts"])
+            by_id[(p, off)] = (e, ts)
+            # Late means below the watermark on arrival, and the watermark is at most this
+            # partition's newest event time so far - 2 s.
+            if p in newest and ts < newest[p] - OUT_OF_ORDERNESS_MS:
+                late_candidates.add((p, off))
+            newest[p] = max(newest.get(p, ts), ts)
+            arrival[e["user_id"]].append((e["type"], (p, off), off, ts))
+        late = set()
+        if args.dead_letter:
+            for _, _, _, _, headers in read_topic(args.bootstrap, args.dead_letter, full=True):
+                h = {k: (x or b"").decode() for k, x in headers or []}
+                ident = (int(h.get("streamstate.source.partition", -1)), int(h.get("streamstate.source.offset", -1)))
+                if h.get("streamstate.error.reason") != "late_event" or not args.event_time:
+                    violation("dead_letter_unexpected", str(h)[:200])
+                elif ident not in late_candidates:
+                    violation("late_wrong", f"{ident} dead-lettered as late, never 2 s behind its partition")
+                elif ident in late:
+                    violation("duplicates", f"{ident} dead-lettered twice")
+                else:
+                    late.add(ident)
+            extra.update({"dead_lettered": len(late), "late_candidates": len(late_candidates)})
+        watermark = None
+        if args.event_time:
+            # The final watermark: every partition's newest non-late event time, the
+            # slowest one, - 2 s (a partition that delivered nothing holds it at none).
+            newest = {}
+            for ident, (_, ts) in by_id.items():
+                if ident not in late:
+                    newest[ident[0]] = max(newest.get(ident[0], ts), ts)
+            parts = topic_partitions(args.bootstrap, args.input)
+            if all(p in newest for p in parts):
+                watermark = min(newest[p] for p in parts) - OUT_OF_ORDERNESS_MS
+            extra["watermark_ms"] = watermark
+        got = collections.defaultdict(list)
+        for _, v in outputs:
+            o = json.loads(v)
+            seq = o.get("sequence") if isinstance(o.get("sequence"), dict) else {}
+            try:
+                ids = tuple((int(s["partition"]), int(s["offset"])) for s in seq.get("sources"))
+            except (TypeError, KeyError, ValueError):
+                ids = None
+            if (o.get("rule_id") != SEQ_RULE or o.get("kind") != "sequence" or ids is None
+                    or not isinstance(o.get("value"), list)):
+                violation("unexpected", str(o)[:200])
+                continue
+            k = o.get("key")
+            if len(ids) != len(SEQ_STEPS) or any(i not in by_id or by_id[i][0]["user_id"] != k for i in ids):
+                violation("sequence_unexpected", f"{k}: sources {ids}")
+                continue
+            if o["value"] != [by_id[i][0] for i in ids]:
+                violation("sequence_value_wrong", f"{k}: {str(o['value'])[:160]}")
+            if args.event_time and (seq.get("started"), seq.get("ended")) != (by_id[ids[0]][1], by_id[ids[-1]][1]):
+                violation("sequence_time_wrong", f"{k}: {seq.get('started')}..{seq.get('ended')} for {ids}")
+            got[k].append(ids)
+        matches = widest = tied = 0
+        for k, evs in arrival.items():
+            if args.event_time:
+                passed = [x for x in evs if x[1] not in late and watermark is not None and x[3] + 1 <= watermark]
+                want, partials = [], ()
+                for etype, ident, _, ts in sorted(passed, key=lambda x: x[3]):  # stable: ties in arrival order
+                    partials, m = seq_advance(partials, ts, etype, ident, True)
+                    if m is not None:
+                        want.append(m)
+                ok = got.get(k, []) == want
+            else:
+                ok, want, branches = seq_processing_time([x[:3] for x in evs], got.get(k, []))
+                widest = max(widest, branches)
+                tied += ok and branches > 1
+            matches += len(want)
+            if ok is None:
+                violation("sequence_undecided", f"{k}: over {MAX_BRANCHES} tie assignments ({len(evs)} events)")
+            elif not ok:
+                kind = "sequence_missing" if len(got.get(k, [])) < len(want) else "sequence_wrong"
+                violation(kind, f"{k}: got {got.get(k, [])}, model {want}")
+        for k in got.keys() - arrival.keys():
+            violation("sequence_unexpected", f"{k}: no input for this key")
+        extra.update({"matches_model": matches, "matches_output": sum(map(len, got.values())),
+                      "keys_matching_with_a_tie": tied, "tie_branches_max": widest, "event_time": bool(args.event_time)})
     else:
         per_key = collections.Counter()
         distinct = set()
@@ -247,7 +455,10 @@ def main():
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
-    ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window"], required=True)
+    ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window", "sequence"],
+                    required=True)
+    ap.add_argument("--event-time", action="store_true", help="sequence: the contender ran in event time")
+    ap.add_argument("--dead-letter", default=None, help="sequence: the contender's dead-letter topic, checked too")
     ap.add_argument("--at-least-once", action="store_true")
     try:
         sys.exit(check(ap.parse_args()))

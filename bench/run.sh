@@ -9,6 +9,7 @@
 #   BENCH_WORKLOADS=S,S-zipf,D,W bench/run.sh      # the full comparison (~3 h), or in parts:
 #   BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
 #   BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh          # part 3, merged
+#   BENCH_WORKLOADS=SEQ BENCH_MERGE=BENCHMARKS.json bench/run.sh        # sequence rules, merged
 #
 # Environment (defaults in brackets):
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
@@ -24,16 +25,20 @@
 #                           near 0.93 GB after ~10 min, and at most 90% of the input is read
 #                           before the kill). Empty: the recovery run reads the main input
 #                           and is killed at half of it
-#   BENCH_WORKLOADS [S]  of S,S-zipf,D,W. S: bench/rules.json on the main input (+ latency runs and
-#                           the state sweep); S-zipf: the same on BENCH_ZIPF_KEYS [100000] keys,
+#   BENCH_WORKLOADS [S]  of S,S-zipf,D,W,SEQ. S: bench/rules.json on the main input (+ latency runs
+#                           and the state sweep); S-zipf: the same on BENCH_ZIPF_KEYS [100000] keys,
 #                           Zipf(1.0), BENCH_EVENTS events; D: dedup (rules-d.json); W: tumbling
-#                           event-time windows (rules-w.json), both on the main input
+#                           event-time windows (rules-w.json); SEQ: one sequence rule
+#                           (rules-seq.json) in processing time (S-EO-seq) and in event time
+#                           (S-EO-seq-et, W's `ts` and 2 s), all on the main input; SEQ is in no
+#                           default and has no latency runs or sweep
 #   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
 #                           are taken from it into the report (and its latency and sweep
 #                           figures when this run has no S)
-#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F]  (unavailable ones are skipped and named;
-#                           each workload runs those that can express it: D, W and S-zipf
-#                           S-EO, KS, Q, F)
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et]
+#                           (unavailable ones are skipped and named; each workload runs those
+#                           that can express it: D, W and S-zipf S-EO, KS, Q, F; SEQ S-EO-seq
+#                           and S-EO-seq-et only)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
 #   BENCH_BUILD [1]  0: no cargo build; the streamstate, bench-generator and bench-latency
@@ -53,7 +58,7 @@ DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
 REPEATS="${BENCH_REPEATS:-3}"
 INTERVAL="${BENCH_INTERVAL:-1s}"
-CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et}"
 WORKLOADS="${BENCH_WORKLOADS:-S}"  # the full comparison: S,S-zipf,D,W (~3 h)
 ZIPF_KEYS="${BENCH_ZIPF_KEYS:-100000}"
 WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"
@@ -149,14 +154,14 @@ summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$
     --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
     --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
 log "input: $summary"
-# S-EO-grouped's rules (S with one group_by rule), and D's and W's: each on its own
-# control topic, published like rules.json.
+# S-EO-grouped's rules (S with one group_by rule), and D's, W's and SEQ's: each on its
+# own control topic, published like rules.json.
 if [[ ",$CONTENDERS," == *",S-EO-grouped,"* && ",$WORKLOADS," == *",S,"* ]]; then
     "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 --events 0 \
         --rules "$ROOT/bench/rules-grouped.json" --control-topic "$RULES_TOPIC-grouped" >/dev/null
     extra+=(--rules-topic-grouped "$RULES_TOPIC-grouped")
 fi
-for w in D W; do
+for w in D W SEQ; do
     if [[ ",$WORKLOADS," == *",$w,"* ]]; then
         lc="$(tr 'A-Z' 'a-z' <<<"$w")"
         "$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 --events 0 \
