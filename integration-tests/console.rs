@@ -128,14 +128,26 @@ fn the_console_shows_live_throughput_takes_a_checkpoint_publishes_a_rule_and_sho
 
     // The same facts through the API, without the page.
     let a = http_with("GET", job.admin, "/checkpoints", &[], b"").expect("checkpoints");
-    let manual = a
-        .json()
+    let all = a.json();
+    let manual: Vec<_> = all
         .as_array()
         .expect("list")
         .iter()
         .filter(|c| c["trigger"] == "manual")
-        .count();
-    assert_eq!(manual, 1, "one manual checkpoint, the page's: {}", a.body);
+        .collect();
+    assert_eq!(
+        manual.len(),
+        1,
+        "one manual checkpoint, the page's: {}",
+        a.body
+    );
+    for phase in ["snapshot_ms", "flush_ms", "upload_ms", "commit_ms"] {
+        assert!(
+            manual[0]["phases"][phase].is_u64(),
+            "the manual checkpoint's {phase}: {}",
+            a.body
+        );
+    }
     let a = http_with("GET", job.admin, &format!("/rules/{rule_id}"), &[], b"").expect("rule");
     assert_eq!(a.status, 200, "{}", a.body);
     let v = a.json();
@@ -146,6 +158,11 @@ fn the_console_shows_live_throughput_takes_a_checkpoint_publishes_a_rule_and_sho
         a.body
     );
     assert_eq!(v["rule"]["filter"]["gt"], 50, "{}", a.body);
+    assert!(
+        v["matches"].is_u64() && v["outputs"].is_u64(),
+        "a rule's counts: {}",
+        a.body
+    );
     // Published to the control topic, keyed by its id, once.
     let records: Vec<_> = read_all(&job.control, false)
         .into_iter()

@@ -110,6 +110,18 @@ fn shadow_rule_emits_nothing_while_its_match_count_rises_and_promotion_starts_em
         ),
         200.0
     );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "streamstate_rule_outputs_by_rule_total{rule=\"cnt\"}"
+        ),
+        0.0,
+        "a shadow rule's suppressed outputs are not outputs"
+    );
+    assert_eq!(
+        get_json(job.admin, "/rules/cnt").expect("rule")["outputs"],
+        0
+    );
     // Every input offset is committed, and outputs commit in the same transactions: a
     // shadow rule's output would be visible by now.
     let out = read_all(&job.output, true);
@@ -162,6 +174,11 @@ fn shadow_rule_emits_nothing_while_its_match_count_rises_and_promotion_starts_em
         get_json(job.admin, "/rules/cnt").expect("rule")["matches"],
         400,
         "matches count every version of the rule"
+    );
+    assert_eq!(
+        get_json(job.admin, "/rules/cnt").expect("rule")["outputs"],
+        200,
+        "outputs count what the active version emitted"
     );
     assert_eq!(service.terminate(Duration::from_secs(30)).code(), Some(0));
 }

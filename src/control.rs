@@ -73,6 +73,9 @@ pub struct RuleView {
     /// replays after a restore count again). Filled in by the admin server from the
     /// rule engine's metrics.
     pub matches: u64,
+    /// Records the rule emitted since this process started (all versions; a shadow
+    /// rule's suppressed outputs are not counted here). Filled in like `matches`.
+    pub outputs: u64,
     /// Applied versions, oldest first, the one in force last; only `GET /rules/{id}`
     /// shows it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -357,6 +360,7 @@ impl Rules {
                     control_offset: r.offset,
                     rule,
                     matches: 0,
+                    outputs: 0,
                     history,
                 },
             );

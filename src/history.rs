@@ -60,8 +60,27 @@ pub struct CheckpointRecord {
     /// Next input offset per partition: where a restore resumes.
     pub offsets: Vec<PartitionOffset>,
     pub control_offsets: Vec<PartitionOffset>,
+    /// Where the time went, for a checkpoint this process completed (none for the one
+    /// it restored, whose timing an earlier run knew).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A checkpoint's duration by phase, as Flink's checkpoint tab splits it into the
+/// synchronous and asynchronous parts. `snapshot_ms + flush_ms` is what the job thread
+/// paused for; upload and commit ran in the background while the next epoch went on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Phases {
+    /// The state's local snapshot at the barrier (job thread).
+    pub snapshot_ms: u64,
+    /// The epoch producer's flush at the barrier (job thread).
+    pub flush_ms: u64,
+    /// Writing the snapshot to checkpoint storage (background).
+    pub upload_ms: u64,
+    /// Committing the epoch's transaction with its offsets (background).
+    pub commit_ms: u64,
 }
 
 impl CheckpointRecord {
@@ -71,6 +90,7 @@ impl CheckpointRecord {
         end_ms: u64,
         m: &Manifest,
         written: Option<WriteStats>,
+        phases: Option<Phases>,
     ) -> Self {
         Self {
             id: m.checkpoint.id,
@@ -84,6 +104,7 @@ impl CheckpointRecord {
             incremental_size_bytes: written.map_or(0, |w| w.bytes_written),
             offsets: m.offsets.clone(),
             control_offsets: m.control_offsets.clone(),
+            phases,
             error: None,
         }
     }
@@ -108,6 +129,7 @@ impl CheckpointRecord {
             incremental_size_bytes: 0,
             offsets: Vec::new(),
             control_offsets: Vec::new(),
+            phases: None,
             error: Some(error),
         }
     }

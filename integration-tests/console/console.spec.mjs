@@ -144,10 +144,12 @@ try {
   });
   const name = /chk-\d+-\w+/.exec(done)[0];
   log(done);
-  await until(`${name} in the history as a manual checkpoint`, async () => {
-    const row = page.locator('[data-testid=checkpoint-history] tbody tr[data-trigger=manual]', { hasText: name });
-    return (await row.count()) === 1 && /completed/.test(await row.innerText());
-  });
+  const manual = page.locator('[data-testid=checkpoint-history] tbody tr[data-trigger=manual]', { hasText: name });
+  await until(`${name} in the history as a manual checkpoint`, async () =>
+    (await manual.count()) === 1 && /completed/.test(await manual.innerText()));
+  const phases = await manual.getByTestId('checkpoint-phases').innerText();
+  check(/^snapshot [\d.]+ m?s · flush [\d.]+ m?s · upload [\d.]+ m?s · commit [\d.]+ m?s$/.test(phases), `expected the checkpoint's four phases, got: ${phases}`);
+  log(`${name} phases: ${phases}`);
   await until('the duration and size chart', async () => (await page.locator('[data-testid=chart-checkpoints] canvas').count()) > 0);
   await shot('checkpoints');
 
@@ -180,6 +182,12 @@ try {
     (await row.getByTestId('rule-status').innerText()) === 'active' &&
     (await row.getByTestId('rule-version').innerText()) === '1',
   );
+  // Its counts (this job's function is the count function, so the rule is listed and
+  // counted, never evaluated: both stay 0 here; rule_ops.rs checks the counting).
+  for (const id of ['rule-matches', 'rule-outputs']) {
+    const t = await row.getByTestId(id).innerText();
+    check(/^\d[\d,]*$/.test(t), `the rule's ${id} column should show a count, got: ${t}`);
+  }
   await row.getByRole('button', { name: 'History' }).click();
   await until('its history', async () => /History of/.test(await page.getByTestId('rule-history').innerText()));
   await page.evaluate(() => scrollTo(0, 0));

@@ -24,7 +24,7 @@ use crate::checkpoint::CheckpointRef;
 use crate::control::RuleView;
 use crate::history::SavepointRecord;
 use crate::requests::{Reply, Request, SendError, StateAnswer};
-use crate::rules::metrics::RULE_MATCHES;
+use crate::rules::metrics::{RULE_MATCHES, RULE_OUTPUTS};
 use crate::savepoint::{self, SavepointRequest};
 
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, Json<Value>) {
@@ -256,19 +256,38 @@ fn parse_body<T: Default + serde::de::DeserializeOwned>(
 
 // ------------------------------------------------------------------ rules and state
 
-/// Events that passed each rule's filter since start, from the rule engine's counter.
-fn rule_matches(s: &AppState) -> HashMap<String, u64> {
-    s.metrics
-        .registry()
-        .gather()
+/// A per-rule counter of the rule engine (`RULE_MATCHES`, `RULE_OUTPUTS`) by rule id.
+fn by_rule(families: &[prometheus::proto::MetricFamily], name: &str) -> HashMap<String, u64> {
+    families
         .iter()
-        .filter(|f| f.name() == RULE_MATCHES)
+        .filter(|f| f.name() == name)
         .flat_map(|f| f.get_metric())
         .filter_map(|m| {
             let id = m.get_label().iter().find(|l| l.name() == "rule")?;
             Some((id.value().to_string(), m.get_counter().get_value() as u64))
         })
         .collect()
+}
+
+/// Fills in a rule view's counts since start from the rule engine's counters.
+struct RuleCounts {
+    matches: HashMap<String, u64>,
+    outputs: HashMap<String, u64>,
+}
+
+impl RuleCounts {
+    fn gather(s: &AppState) -> Self {
+        let families = s.metrics.registry().gather();
+        Self {
+            matches: by_rule(&families, RULE_MATCHES),
+            outputs: by_rule(&families, RULE_OUTPUTS),
+        }
+    }
+
+    fn fill(&self, view: &mut RuleView) {
+        view.matches = self.matches.get(&view.id).copied().unwrap_or(0);
+        view.outputs = self.outputs.get(&view.id).copied().unwrap_or(0);
+    }
 }
 
 fn rule_view(s: &AppState, id: &str) -> Result<RuleView, (StatusCode, Json<Value>)> {
@@ -286,7 +305,7 @@ fn rule_view(s: &AppState, id: &str) -> Result<RuleView, (StatusCode, Json<Value
 /// The rules in force (and deleted ones, with the version that deleted them), without
 /// their history.
 pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
-    let matches = rule_matches(&s);
+    let counts = RuleCounts::gather(&s);
     let rules = s
         .control
         .rules
@@ -294,10 +313,13 @@ pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
         .map_err(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "rules view unavailable"))?;
     let all: Vec<RuleView> = rules
         .values()
-        .map(|r| RuleView {
-            matches: matches.get(&r.id).copied().unwrap_or(0),
-            history: Vec::new(),
-            ..r.clone()
+        .map(|r| {
+            let mut view = RuleView {
+                history: Vec::new(),
+                ..r.clone()
+            };
+            counts.fill(&mut view);
+            view
         })
         .collect();
     Ok(Json(all).into_response())
@@ -306,7 +328,7 @@ pub(super) async fn rules(State(s): State<AppState>) -> ApiResult {
 /// One rule with its version history.
 pub(super) async fn rule(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
     let mut view = rule_view(&s, &id)?;
-    view.matches = rule_matches(&s).get(&id).copied().unwrap_or(0);
+    RuleCounts::gather(&s).fill(&mut view);
     Ok(Json(view).into_response())
 }
 

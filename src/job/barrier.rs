@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::{Job, JobError, partition_offsets, remove_dir, unix_ms};
 use crate::checkpoint::{FORMAT_VERSION, Manifest};
 use crate::commit::{Committed, Sealed};
-use crate::history::{CheckpointRecord, Trigger};
+use crate::history::{CheckpointRecord, Phases, Trigger};
 
 /// A sealed epoch waiting for its outcome, for its history record.
 pub(super) struct Pending {
@@ -155,12 +155,19 @@ impl Job {
                 Duration::ZERO,
                 Duration::ZERO,
             ));
+        let phases = Phases {
+            snapshot_ms: snapshot.as_millis() as u64,
+            flush_ms: pause.saturating_sub(snapshot).as_millis() as u64,
+            upload_ms: c.upload.as_millis() as u64,
+            commit_ms: c.commit.as_millis() as u64,
+        };
         let record = CheckpointRecord::completed(
             trigger,
             started_ms,
             unix_ms(),
             &c.manifest,
             Some(c.written),
+            Some(phases),
         );
         let total = c.barrier_at.elapsed();
         info!(
@@ -170,10 +177,10 @@ impl Job {
             bytes_written = record.incremental_size_bytes,
             ms = total.as_millis() as u64,
             pause_ms = pause.as_millis() as u64,
-            snapshot_ms = snapshot.as_millis() as u64,
-            flush_ms = pause.saturating_sub(snapshot).as_millis() as u64,
-            upload_ms = c.upload.as_millis() as u64,
-            commit_ms = c.commit.as_millis() as u64,
+            snapshot_ms = phases.snapshot_ms,
+            flush_ms = phases.flush_ms,
+            upload_ms = phases.upload_ms,
+            commit_ms = phases.commit_ms,
             "checkpoint completed"
         );
         self.control.history.record_checkpoint(record);

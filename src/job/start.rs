@@ -220,6 +220,7 @@ impl Job {
                         now,
                         &manifest,
                         None,
+                        None,
                     ));
                 (state, Some(manifest))
             }

@@ -1,5 +1,5 @@
 //! The rule engine's metrics, on the job's private registry. Labels are bounded:
-//! `kind` (4 values), `reason` (a fixed set) and, on the two per-rule counters, `rule`:
+//! `kind` (4 values), `reason` (a fixed set) and, on the three per-rule counters, `rule`:
 //! rule ids are few and written by operators (a control-topic publish each), unlike keys,
 //! which never become labels.
 
@@ -26,6 +26,8 @@ pub struct RuleMetrics {
     /// Events that passed a rule's filter, by rule id: what `GET /rules` shows as
     /// `matches`, and how a shadow rule is judged before it may emit.
     pub rule_matches: IntCounterVec,
+    /// Output records, by rule id: what `GET /rules` shows as `outputs`.
+    pub rule_outputs: IntCounterVec,
     /// Outputs a shadow rule computed and dropped, by rule id.
     pub shadow_suppressed: IntCounterVec,
 }
@@ -38,12 +40,15 @@ pub struct RuleCounters {
     pub matches: IntCounter,
     pub rule_matches: IntCounter,
     pub outputs: IntCounter,
+    pub rule_outputs: IntCounter,
     /// Only for a shadow rule: its outputs are counted here instead of emitted.
     pub shadow_suppressed: Option<IntCounter>,
 }
 
 /// Name of [`RuleMetrics::rule_matches`], which the admin server reads back per rule.
 pub const RULE_MATCHES: &str = "streamstate_rule_matches_by_rule_total";
+/// Name of [`RuleMetrics::rule_outputs`], which the admin server reads back per rule.
+pub const RULE_OUTPUTS: &str = "streamstate_rule_outputs_by_rule_total";
 
 impl RuleMetrics {
     fn build() -> Result<Self, prometheus::Error> {
@@ -92,6 +97,13 @@ impl RuleMetrics {
                 ),
                 &["rule"],
             )?,
+            rule_outputs: IntCounterVec::new(
+                Opts::new(
+                    RULE_OUTPUTS,
+                    "Rule output records, by rule id (a shadow rule's suppressed ones are not outputs).",
+                ),
+                &["rule"],
+            )?,
             shadow_suppressed: IntCounterVec::new(
                 Opts::new(
                     "streamstate_rule_shadow_suppressed_outputs_total",
@@ -108,6 +120,7 @@ impl RuleMetrics {
             matches: self.matches.with_label_values(&kind),
             rule_matches: self.rule_matches.with_label_values(&[&rule.id]),
             outputs: self.outputs.with_label_values(&kind),
+            rule_outputs: self.rule_outputs.with_label_values(&[&rule.id]),
             shadow_suppressed: (rule.status == Status::Shadow)
                 .then(|| self.shadow_suppressed.with_label_values(&[&rule.id])),
         }
@@ -117,7 +130,7 @@ impl RuleMetrics {
     /// the metrics work but are not exported.
     pub fn new(registry: &Registry) -> Self {
         let m = Self::build().expect("static metric definitions are valid");
-        let all: [Box<dyn prometheus::core::Collector>; 9] = [
+        let all: [Box<dyn prometheus::core::Collector>; 10] = [
             Box::new(m.matches.clone()),
             Box::new(m.outputs.clone()),
             Box::new(m.dedup_dropped.clone()),
@@ -126,6 +139,7 @@ impl RuleMetrics {
             Box::new(m.sequence_early.clone()),
             Box::new(m.group_overflow.clone()),
             Box::new(m.rule_matches.clone()),
+            Box::new(m.rule_outputs.clone()),
             Box::new(m.shadow_suppressed.clone()),
         ];
         for c in all {

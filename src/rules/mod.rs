@@ -271,6 +271,7 @@ impl Env<'_, '_> {
             return Ok(());
         }
         counters.outputs.inc();
+        counters.rule_outputs.inc();
         out.emit_to(rule.output_topic.as_deref(), key, record)
     }
 }

@@ -14,7 +14,8 @@
 //! **Partials.** State is a list of partial matches with at most one per progress level:
 //! for the same number of steps matched, the partial that started later dominates (it
 //! has more time left, and in time order every later event is at or after it), so
-//! keeping only it loses no match — the per-key bound on partials is the number of
+//! keeping only it loses no match (of two with the same start, the one already kept
+//! stays: ties go to arrival order, as in the sort) — the per-key bound on partials is the number of
 //! steps. An event that matches no step, or that lies outside a partial's bound, leaves
 //! the partial as it was: only a timer at `start + within + 1` drops partials, and only
 //! those no later event can complete. An event may advance several partials and start

@@ -368,6 +368,7 @@ mod tests {
             control_offset: 0,
             rule,
             matches: 0,
+            outputs: 0,
             history: Vec::new(),
         }
     }

@@ -9,11 +9,11 @@
         immutable: true,
     },
     Asset {
-        path: "/assets/console-nttebMGi.js",
+        path: "/assets/console-IA0EWhLy.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-nttebMGi.js")),
-        gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-nttebMGi.js.gz")),
-        etag: "\"121daf80b3c9dc08d29e8eb8d04ed6f6\"",
+        body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-IA0EWhLy.js")),
+        gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/assets/console-IA0EWhLy.js.gz")),
+        etag: "\"90cc0e7a05b7ef44f86f8c2e4c6a2c2b\"",
         immutable: true,
     },
     Asset {
@@ -21,7 +21,7 @@
         content_type: "text/html; charset=utf-8",
         body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/index.html")),
         gzip: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/web/dist/index.html.gz")),
-        etag: "\"7bfa2759bd1fc1e1b377a0d4be4f6f54\"",
+        etag: "\"40eee9f5d284efd8aa66c9a0b1f6e487\"",
         immutable: false,
     },
 ]

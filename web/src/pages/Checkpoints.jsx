@@ -98,7 +98,7 @@ export function Checkpoints() {
               </td>
               <td>{fmtTime(c.start_time_ms)}</td>
               <td>{fmtMs(c.duration_ms)}</td>
-              <td>{phaseText(c.phases)}</td>
+              <td data-testid="checkpoint-phases">{phaseText(c.phases)}</td>
               <td>{fmtBytes(c.size_bytes)}</td>
               <td>{fmtBytes(c.incremental_size_bytes)}</td>
             </tr>
@@ -133,12 +133,14 @@ export function Checkpoints() {
   );
 }
 
+/** The phases in the order a checkpoint goes through them (the JSON object has none). */
+const PHASES = ['snapshot_ms', 'flush_ms', 'upload_ms', 'commit_ms'];
+
 /** Per-checkpoint phases when the record carries them (`phases: {snapshot_ms, …}`). */
 function phaseText(p) {
   if (!p) return '—';
-  return Object.entries(p)
-    .map(([k, v]) => `${k.replace(/_ms$/, '')} ${fmtMs(v)}`)
-    .join(' · ');
+  const keys = [...PHASES.filter((k) => k in p), ...Object.keys(p).filter((k) => !PHASES.includes(k))];
+  return keys.map((k) => `${k.replace(/_ms$/, '')} ${fmtMs(p[k])}`).join(' · ');
 }
 
 function PhaseMeans({ phases }) {
@@ -146,7 +148,7 @@ function PhaseMeans({ phases }) {
   return (
     <p class="phases" data-testid="phase-means">
       Mean time per phase since start:{' '}
-      {['snapshot', 'upload', 'commit']
+      {['snapshot', 'flush', 'upload', 'commit']
         .filter((k) => phases[k] && phases[k].count)
         .map((k) => `${k} ${fmtMs((phases[k].sum / phases[k].count) * 1000)}`)
         .join(' · ')}

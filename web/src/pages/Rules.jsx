@@ -48,6 +48,7 @@ export function Rules() {
             <th>status</th>
             <th>kind</th>
             <th>matches</th>
+            <th>outputs</th>
             <th>suppressed outputs (shadow)</th>
             <th>applied</th>
             <th />
@@ -62,7 +63,8 @@ export function Rules() {
                 <span class={`badge ${r.status}`}>{r.status}</span>
               </td>
               <td>{r.rule?.kind ?? '—'}</td>
-              <td>{r.matches.toLocaleString()}</td>
+              <td data-testid="rule-matches">{r.matches.toLocaleString()}</td>
+              <td data-testid="rule-outputs">{(r.outputs ?? 0).toLocaleString()}</td>
               <td>{c?.suppressed[r.id] ?? (r.status === 'shadow' ? 0 : '—')}</td>
               <td>{fmtTime(r.applied_at_ms)}</td>
               <td>
