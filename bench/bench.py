@@ -770,7 +770,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       f"| S-EO / KS (per CPU-s) | {fmt(ratio(w, 'S-EO', 'KS', 'epc'), 2)} | {'≥ 4' if w == 'S' else ''} |",
                       f"| S-EO / Q (per CPU-s) | {fmt(ratio(w, 'S-EO', 'Q', 'epc'), 2)} | {'≥ 10' if w == 'S' else ''} |"]
         if w == "S":
-            short = f"S-EO-{a.short_interval}"
+            short = f"S-EO-{a.short_interval or '200ms'}"  # the row names the target's interval when none ran
             p99_short = next((l.get("p99_ms") for l in latencies if l["contender"] == short and l["load"] == 0.5), None)
             sweep = {x["state_mb"]: x for x in (recovery or {}).get("sweep") or []}
             pause_1g = (sweep.get(1000) or {}).get("p99_ms")
