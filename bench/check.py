@@ -3,7 +3,7 @@
 
 Shares nothing with the contenders: its own Kafka client (confluent-kafka), JSON parsing
 and reference model, built from the input topic. Reads the output with
-isolation.level=read_committed and checks one of six output contracts:
+isolation.level=read_committed and checks one of seven output contracts:
 
   passthrough  the output holds every input record's (key, value) exactly once, unchanged;
   json         every input event exactly once, as equal JSON, keyed by its user_id;
@@ -38,7 +38,7 @@ isolation.level=read_committed and checks one of six output contracts:
                millisecond, so the output must be the model's for one assignment of equal
                or increasing times (a tie only changes which of two same-level partials
                is kept); `within` is wall-clock, 24 h, and cannot bite in a run.
-               --event-time: late events (below the watermark when they arrive) are
+  sequence-et  the same in event time: late events (below the watermark when they arrive) are
                dead-lettered; the model's watermark is the slowest partition's newest
                event time - 2 s over the whole input, and the events it passed (ts + 1 <=
                watermark: their timer fired) are matched per key in ts order, ties in
@@ -205,7 +205,7 @@ def close(got, want):
 
 
 def check(args):
-    inputs = read_topic(args.bootstrap, args.input, partitions=True, full=args.contract == "sequence")
+    inputs = read_topic(args.bootstrap, args.input, partitions=True, full=args.contract.startswith("sequence"))
     outputs = read_topic(args.bootstrap, args.output)
     problems = collections.Counter()
     examples = []
@@ -300,7 +300,8 @@ def check(args):
         extra.update({"windows": len(model), "windows_required": len(required),
                       "windows_emitted": len({w for w, _ in seen}),
                       "watermark_bound_ms": bound - OUT_OF_ORDERNESS_MS})
-    elif args.contract == "sequence":
+    elif args.contract.startswith("sequence"):
+        event_time = args.contract == "sequence-et"
         # Input records by (partition, offset); each key's events in arrival order.
         by_id, arrival, newest = {}, collections.defaultdict(list), {}
         late_candidates, may_be_late = set(), 0
@@ -319,7 +320,7 @@ def check(args):
             for _, _, _, _, headers in read_topic(args.bootstrap, args.dead_letter, full=True):
                 h = {k: (x or b"").decode() for k, x in headers or []}
                 ident = (int(h.get("streamstate.source.partition", -1)), int(h.get("streamstate.source.offset", -1)))
-                if h.get("streamstate.error.reason") != "late_event" or not args.event_time:
+                if h.get("streamstate.error.reason") != "late_event" or not event_time:
                     violation("dead_letter_unexpected", str(h)[:200])
                 elif ident not in late_candidates:
                     violation("late_wrong", f"{ident} dead-lettered as late, never 2 s behind its partition")
@@ -329,7 +330,7 @@ def check(args):
                     late.add(ident)
             extra.update({"dead_lettered": len(late), "late_candidates": len(late_candidates)})
         watermark = None
-        if args.event_time:
+        if event_time:
             # The final watermark: every partition's newest non-late event time, the
             # slowest one, - 2 s (a partition that delivered nothing holds it at none).
             newest = {}
@@ -358,12 +359,12 @@ def check(args):
                 continue
             if o["value"] != [by_id[i][0] for i in ids]:
                 violation("sequence_value_wrong", f"{k}: {str(o['value'])[:160]}")
-            if args.event_time and (seq.get("started"), seq.get("ended")) != (by_id[ids[0]][1], by_id[ids[-1]][1]):
+            if event_time and (seq.get("started"), seq.get("ended")) != (by_id[ids[0]][1], by_id[ids[-1]][1]):
                 violation("sequence_time_wrong", f"{k}: {seq.get('started')}..{seq.get('ended')} for {ids}")
             got[k].append(ids)
         matches = widest = tied = 0
         for k, evs in arrival.items():
-            if args.event_time:
+            if event_time:
                 passed = [x for x in evs if x[1] not in late and watermark is not None and x[3] + 1 <= watermark]
                 want, partials = [], ()
                 for etype, ident, _, ts in sorted(passed, key=lambda x: x[3]):  # stable: ties in arrival order
@@ -384,7 +385,7 @@ def check(args):
         for k in got.keys() - arrival.keys():
             violation("sequence_unexpected", f"{k}: no input for this key")
         extra.update({"matches_model": matches, "matches_output": sum(map(len, got.values())),
-                      "keys_matching_with_a_tie": tied, "tie_branches_max": widest, "event_time": bool(args.event_time)})
+                      "keys_matching_with_a_tie": tied, "tie_branches_max": widest, "event_time": event_time})
     else:
         per_key = collections.Counter()
         distinct = set()
@@ -455,10 +456,9 @@ def main():
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
-    ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window", "sequence"],
-                    required=True)
-    ap.add_argument("--event-time", action="store_true", help="sequence: the contender ran in event time")
-    ap.add_argument("--dead-letter", default=None, help="sequence: the contender's dead-letter topic, checked too")
+    ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window", "sequence",
+                                           "sequence-et"], required=True)
+    ap.add_argument("--dead-letter", default=None, help="sequence, sequence-et: the contender's dead-letter topic, checked too")
     ap.add_argument("--at-least-once", action="store_true")
     try:
         sys.exit(check(ap.parse_args()))
