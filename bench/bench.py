@@ -4,8 +4,9 @@
 Called by bench/run.sh (which builds, starts the broker and fills the inputs); see
 bench/README.md. Workloads: S (bench/rules.json) on the main input, S-zipf (the same on
 the Zipf input), D (dedup, bench/rules-d.json), W (tumbling event-time windows,
-bench/rules-w.json) and SEQ (one sequence rule, bench/rules-seq.json, in processing and
-in event time) on the main input. Within a workload every contender reads the same
+bench/rules-w.json), SEQ (one sequence rule, bench/rules-seq.json, in processing and
+in event time) and AVRO (J and S-EO beside J-avro and S-EO-avro, which read the main
+input's Avro twin) on the main input. Within a workload every contender reads the same
 input topic from offset 0 into its own output topic, pinned to its own CPU; the order is
 A-B-C-A-B-C per repeat. A contender is done when its consumer group's committed offsets
 reach the input's end offsets (its output is then committed too, in the same transaction
@@ -124,12 +125,15 @@ def input_end(bootstrap, topic, partitions):
 
 
 def streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee="exactly_once",
-                       rules_topic=None, event_time=False):
+                       rules_topic=None, event_time=False, avro=False):
     admin_port = a.admin_port
     rules_topic = rules_topic or a.rules_topic
     # W, S-EO-seq-et: event time from the event's `ts`, watermark = slowest partition's
     # newest - 2 s.
     time_cfg = 'timestamp = "/ts"\nmax_out_of_orderness = "2s"' if event_time else ""
+    # J-avro, S-EO-avro: Avro input (Confluent wire format), schemas from the registry.
+    format_cfg = 'format = "avro"' if avro else ""
+    registry_cfg = f'[schema_registry]\nurls = ["{a.schema_registry}"]\n\n' if avro else ""
     body = f'''[kafka]
 bootstrap_servers = "{a.bootstrap}"
 app_id = "{app}"
@@ -144,8 +148,9 @@ key = "/user_id"
 function = "{function}"
 guarantee = "{guarantee}"
 {time_cfg}
+{format_cfg}
 
-[state]
+{registry_cfg}[state]
 backend = "rocksdb"
 dir = "{run_dir}/state"
 
@@ -166,14 +171,21 @@ listen = "127.0.0.1:{admin_port}"
 # `group_by` rule in place of the four filtered sums (bench/rules-grouped.json, the same
 # outputs); S-EO-console is S-EO with the web console open in headless Chromium. SEQ is
 # one sequence rule (bench/rules-seq.json) in processing time (S-EO-seq) and in event
-# time (S-EO-seq-et, as W's `ts` and 2 s): what event-time sequence matching costs.
+# time (S-EO-seq-et, as W's `ts` and 2 s): what event-time sequence matching costs. AVRO
+# is J and S-EO beside J-avro and S-EO-avro, the same jobs on the main input's Avro twin
+# (`format = "avro"`, the same events at the same offsets): what decoding Avro costs.
 WORKLOADS = {
     "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-grouped", "S-EO-console", "KS", "Q", "F")),
     "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
     "D": ("dedup", ("S-EO", "KS", "Q", "F")),
     "W": ("window", ("S-EO", "KS", "Q", "F")),
     "SEQ": ("sequence", ("S-EO-seq", "S-EO-seq-et")),
+    "AVRO": ("workload", ("J", "J-avro", "S-EO", "S-EO-avro")),
 }
+
+# Contenders that read the Avro twin of their workload's input (a.avro_input); check.py
+# builds their model from the JSON topic (--events-from).
+AVRO_CONTENDERS = ("J-avro", "S-EO-avro")
 
 # Flink 2 on Java 17 needs these packages open (Flink's own launch scripts pass the same
 # through env.java.opts.all); without them Kryo and the memory manager fail reflectively.
@@ -187,16 +199,17 @@ def contenders(a, workload="S", interval=None):
     """name -> (contract, at_least_once, launcher) for one workload. A launcher returns
     (argv, env). `interval`: streamstate's checkpoint interval in place of --interval."""
     contract = WORKLOADS[workload][0]
-    code = "SEQ" if workload == "SEQ" else workload[0]  # S-zipf runs the S job
+    # S-zipf and AVRO run the S job.
+    code = "SEQ" if workload == "SEQ" else "S" if workload == "AVRO" else workload[0]
     rules_topic = {"S": a.rules_topic, "D": a.rules_topic_d, "W": a.rules_topic_w,
                    "SEQ": a.rules_topic_seq}[code]
     rules_topic_grouped = a.rules_topic_grouped if code == "S" else None
     interval_ms = str(int(parse_secs(a.interval) * 1000))
 
-    def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W"):
+    def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W", avro=False):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
-                                     rules_topic=rules or rules_topic, event_time=event_time)
+                                     rules_topic=rules or rules_topic, event_time=event_time, avro=avro)
             return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
         return launch
 
@@ -208,6 +221,10 @@ def contenders(a, workload="S", interval=None):
             "S-EO-10s": ("workload", False, ss("rules", "10s")),
             "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
         })
+        if a.avro_input and a.schema_registry:
+            table["J-avro"] = ("json", False, ss("json", a.interval, avro=True))
+            if rules_topic:
+                table["S-EO-avro"] = ("workload", False, ss("rules", a.interval, avro=True))
     if code == "SEQ" and rules_topic:
         # check.py's `sequence` and `sequence-et` contracts (event time: late events in the
         # dead-letter topic).
@@ -431,7 +448,9 @@ def flink_checkpoints(port):
             "flink_state_size_max_bytes": size.get("max")}
 
 
-def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
+def run_one(a, name, spec, repeat, total, workload="S", input_topic=None, events_from=None):
+    """`events_from`: the JSON topic whose events `input_topic` holds in another encoding
+    (the Avro contenders): check.py builds its model from it."""
     contract, alo, launch = spec
     input_topic = input_topic or a.input
     tag = f"{workload.lower()}-{name.lower()}-{repeat}-{uuid.uuid4().hex[:6]}"
@@ -512,7 +531,8 @@ def run_one(a, name, spec, repeat, total, workload="S", input_topic=None):
         dlq = ["--dead-letter", output + "-dlq"] if contract.startswith("sequence") else []
         check = subprocess.run([sys.executable, str(HERE / "check.py"), "--bootstrap", a.bootstrap,
                                 "--input", input_topic, "--output", output, "--contract", contract]
-                               + (["--at-least-once"] if alo else []) + dlq,
+                               + (["--at-least-once"] if alo else []) + dlq
+                               + (["--events-from", events_from] if events_from else []),
                                capture_output=True, text=True)
         try:
             result["check"] = json.loads(check.stdout.strip().splitlines()[-1])
@@ -699,6 +719,14 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
             return sx[key] / sy[key]
         return None
 
+    def extra_us(w, x, y, key):
+        """What x spends per event more than y, in µs: 1/rate(x) − 1/rate(y) of the medians
+        (`eps`: wall-clock, `epc`: CPU time)."""
+        sx, sy = summary.get((w, x)), summary.get((w, y))
+        if sx and sy and sx[key] and sy[key]:
+            return (1 / sx[key] - 1 / sy[key]) * 1e6
+        return None
+
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     parts = parts or {}
@@ -723,11 +751,14 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         "`amount` emitted when it closes, watermark = newest event time − 2 s: `bench/rules-w.json`) on the main "
         "input; **SEQ** (one sequence rule, view → cart → purchase within 24 h per key: `bench/rules-seq.json`) "
         "on the main input, in processing time (S-EO-seq) and in event time on `ts` with W's watermark "
-        "(S-EO-seq-et). Every output is checked by `bench/check.py` against its own model.",
+        "(S-EO-seq-et); **AVRO** (J and S-EO on the main input beside J-avro and S-EO-avro on its Avro twin: "
+        "the same events at the same offsets, Confluent wire format). Every output is checked by "
+        "`bench/check.py` against its own model (the Avro contenders' from the JSON twin).",
         "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-grouped streamstate with one `group_by` rule "
         "for the four per-type sums (`bench/rules-grouped.json`, the same outputs); S-EO-console streamstate with "
         "its web console's Overview open in headless Chromium (on the broker's CPU) for the whole measured window; "
         "S-EO-seq / S-EO-seq-et streamstate with `bench/rules-seq.json` in processing / event time; "
+        "J-avro / S-EO-avro J / S-EO with `format = \"avro\"` (schemas from a local Apicurio Registry); "
         "KS Kafka Streams; Q Quix Streams; F Apache Flink "
         "(local MiniCluster, parallelism 1, RocksDB incremental checkpoints, KafkaSink exactly-once). "
         "Mean checkpoint: streamstate's metrics, Flink's REST API (end-to-end duration).",
@@ -736,8 +767,12 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
     for w in workloads:
         p = parts[w]
         where = "" if p.get("commit") == commit else f" (from the part run on {p.get('generated')}, commit `{p.get('commit')}`)"
+        g = p.get("input") or {}
+        twin = (f" J-avro and S-EO-avro read its Avro twin `{g['avro_topic']}` ({g.get('avro_bytes', 0) / max(p.get('total') or 0, 1):.0f} "
+                f"bytes avg, schema id {g.get('avro_schema_id')}): the same events at the same partitions and offsets."
+                if w == "AVRO" and g.get("avro_topic") else "")
         lines += [f"## Workload {w}{where}", "",
-                  f"Input: {describe(p.get('input') or {}, p.get('total') or 0)}.", "",
+                  f"Input: {describe(g, p.get('total') or 0)}.{twin}", "",
                   "| contender | events/s | events per CPU-s | checker | mean checkpoint (s) |",
                   "|---|---|---|---|---|"]
         for name in p.get("order") or WORKLOADS[w][1]:
@@ -758,7 +793,15 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       f"{fmt(ratio(w, 'S-EO-grouped', 'S-EO', 'eps'), 2)} | |",
                       f"| S-EO-console / S-EO (events/s): the console open | "
                       f"{fmt(ratio(w, 'S-EO-console', 'S-EO', 'eps'), 2)} | 1.00 within the spread |"]
-        if w == "SEQ":
+        if w == "AVRO":
+            for x, y in (("J-avro", "J"), ("S-EO-avro", "S-EO")):
+                lines += [f"| {x} / {y} (events/s) | {fmt(ratio(w, x, y, 'eps'), 2)} | |",
+                          f"| {x} / {y} (per CPU-s) | {fmt(ratio(w, x, y, 'epc'), 2)} | |",
+                          f"| decode cost per event, Avro − JSON ({y}): 1/events/s({x}) − 1/events/s({y}) (µs) | "
+                          f"{fmt(extra_us(w, x, y, 'eps'), 2)} | |",
+                          f"| the same in CPU time: 1/per CPU-s({x}) − 1/per CPU-s({y}) (µs of CPU per event) | "
+                          f"{fmt(extra_us(w, x, y, 'epc'), 2)} | |"]
+        elif w == "SEQ":
             lines += [f"| S-EO-seq-et / S-EO-seq (events/s): the sequence rule in event time | "
                       f"{fmt(ratio(w, 'S-EO-seq-et', 'S-EO-seq', 'eps'), 2)} | |",
                       f"| S-EO-seq-et / S-EO-seq (per CPU-s) | {fmt(ratio(w, 'S-EO-seq-et', 'S-EO-seq', 'epc'), 2)} | |"]
@@ -916,6 +959,10 @@ def main():
     ap.add_argument("--short-interval", default="200ms",
                     help="S-EO's extra latency run at 50%% load with this checkpoint interval; empty: none")
     ap.add_argument("--workloads", default="S,S-zipf,D,W", help=f"of {','.join(WORKLOADS)}")
+    ap.add_argument("--avro-input", default=None, help="the main input's Avro twin (bench-generator --avro-topic): "
+                    "the same events at the same offsets, read by J-avro and S-EO-avro")
+    ap.add_argument("--schema-registry", default=None, help="Confluent-compatible registry URL holding --avro-input's "
+                    "schema (J-avro, S-EO-avro)")
     ap.add_argument("--zipf-input", default=None, help="input topic of S-zipf")
     ap.add_argument("--zipf-summary", default="{}", help="the generator's summary line of --zipf-input")
     ap.add_argument("--merge", default=None, help="an earlier part's BENCHMARKS.json: its workloads that this "
@@ -977,9 +1024,20 @@ def main():
         parts[w] = {"generated": now, "commit": commit, "total": total, "order": order,
                     "input": json.loads(a.zipf_summary) if w == "S-zipf" else gen}
         tables[w] = table
+        if any(c in AVRO_CONTENDERS for c in order):
+            avro_total = input_end(a.bootstrap, a.avro_input, a.partitions)
+            if avro_total != total:
+                log(f"{w}: {a.avro_input} has {avro_total} records, {input_topic} {total}: not twins; "
+                    f"skipped: {[c for c in order if c in AVRO_CONTENDERS]}")
+                order = [c for c in order if c not in AVRO_CONTENDERS]
+                parts[w]["order"] = order
         for repeat in range(1, a.repeats + 1):
             for name in order:
-                results.append(run_one(a, name, table[name], repeat, total, w, input_topic))
+                if name in AVRO_CONTENDERS:
+                    results.append(run_one(a, name, table[name], repeat, total, w, a.avro_input,
+                                           events_from=input_topic))
+                else:
+                    results.append(run_one(a, name, table[name], repeat, total, w, input_topic))
     latencies, recovery = [], None
     if "S" in workloads:
         for load in [float(x) for x in a.loads.split(",") if x]:

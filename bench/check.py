@@ -49,6 +49,17 @@ isolation.level=read_committed and checks one of seven output contracts:
                be such an event (which of them were late depends on how partitions
                interleaved) and they are left out.
 
+--events-from TOPIC: the input is another encoding of TOPIC's JSON events (the Avro twin
+the generator writes, record for record at the same partition and offset, same key): the
+model is computed from TOPIC, and the check first requires --input to hold exactly
+TOPIC's keys at TOPIC's partitions and offsets, each value in the Confluent wire format
+(byte 0 and a 4-byte schema id). Every output's `source`, where it has one, must then
+name --input, a record of it and that record's key; the workload contract requires one
+on every output and that it be the record the output is for: a `count` of n the key's
+n-th event, a `sum-<type>` of count m the (key, type)'s m-th, a `dedup` the first
+sighting of its event_id, its `value` equal to that JSON event (what streamstate's rule
+outputs carry; no other contender reads such a twin).
+
 --at-least-once relaxes "once" to "at least once" and reports the duplicates.
 Prints a JSON report; exits 1 on a violation, 2 on a usage/connection error.
 """
@@ -204,8 +215,33 @@ def close(got, want):
     return abs(got - want) <= 1e-6 * max(1.0, abs(want))
 
 
+def check_twin(twin, rows, violation):
+    """--events-from: `twin` (every record of --input, full) must hold `rows`' keys (the
+    JSON topic's, full) at the same partitions and offsets, nothing more, each value in
+    the Confluent wire format. Returns the schema ids seen."""
+    want = {(p, off): k for k, _, p, off, _ in rows}
+    got, ids = {}, collections.Counter()
+    for k, v, p, off, _ in twin:
+        got[(p, off)] = k
+        if v is None or len(v) < 5 or v[0] != 0:
+            violation("twin_not_wire_format", f"{p}/{off}: {(v or b'')[:8]!r}")
+        else:
+            ids[int.from_bytes(v[1:5], "big")] += 1
+    for pos in want.keys() - got.keys():
+        violation("twin_missing", f"{pos}: no record where the JSON topic has one")
+    for pos in got.keys() - want.keys():
+        violation("twin_unexpected", f"{pos}: a record where the JSON topic has none")
+    for pos in want.keys() & got.keys():
+        if want[pos] != got[pos]:
+            violation("twin_key_wrong", f"{pos}: key {got[pos]!r}, the JSON twin's {want[pos]!r}")
+    return dict(ids)
+
+
 def check(args):
-    inputs = read_topic(args.bootstrap, args.input, partitions=True, full=args.contract.startswith("sequence"))
+    sequence = args.contract.startswith("sequence")
+    full = sequence or args.events_from is not None
+    rows = read_topic(args.bootstrap, args.events_from or args.input, partitions=True, full=full)
+    inputs = rows if sequence or not full else [(k, v, p) for k, v, p, _, _ in rows]
     outputs = read_topic(args.bootstrap, args.output)
     problems = collections.Counter()
     examples = []
@@ -217,6 +253,41 @@ def check(args):
 
     duplicates = 0
     extra = {}
+    # --events-from: the input records by (partition, offset), as decoded JSON, for the
+    # outputs' `source`; the twin checked record for record first.
+    events_at = None
+    if args.events_from:
+        extra["events_from"] = args.events_from
+        extra["twin_schema_ids"] = check_twin(read_topic(args.bootstrap, args.input, full=True), rows, violation)
+        events_at = {(p, off): json.loads(v) for _, v, p, off, _ in rows}
+
+    def source_of(o):
+        """(partition, offset) of the input record an output names, checked against the
+        input, or None (no source, or a wrong one: a violation)."""
+        src = o.get("source") if isinstance(o, dict) else None
+        if not isinstance(src, dict):
+            return None
+        try:
+            pos = (int(src["partition"]), int(src["offset"]))
+        except (KeyError, TypeError, ValueError):
+            violation("source_wrong", str(src)[:200])
+            return None
+        if src.get("topic") != args.input:
+            violation("source_topic_wrong", f"{src.get('topic')!r}, not {args.input!r}")
+        elif pos not in events_at:
+            violation("source_unknown", f"{pos}: no such input record")
+        elif events_at[pos].get("user_id") != o.get("key"):
+            violation("source_key_wrong", f"{pos} is {events_at[pos].get('user_id')!r}'s, not {o.get('key')!r}'s")
+        else:
+            return pos
+        return None
+
+    if events_at is not None and args.contract != "workload":
+        for _, v in outputs:
+            try:
+                source_of(json.loads(v))
+            except ValueError:
+                pass  # the contract's own check reports it
     if args.contract == "passthrough":
         want = collections.Counter((k, v) for k, v, _ in inputs)
         got = collections.Counter(outputs)
@@ -391,6 +462,19 @@ def check(args):
         distinct = set()
         sums = collections.defaultdict(float)
         per_type = collections.Counter()
+        # --events-from: each input record's rank among its key's and its (key, type)'s
+        # events, and the first sighting of each (key, event_id). A key's events are in one
+        # partition, so offset order is their order.
+        rank, first_at = {}, {}
+        for k, v, p, off, _ in sorted(rows, key=lambda r: (r[2], r[3])) if events_at is not None else ():
+            e = events_at[(p, off)]
+            k = e["user_id"]
+            rank[(p, off)] = (per_key[k] + 1, per_type[(k, e["type"])] + 1)
+            per_key[k] += 1
+            per_type[(k, e["type"])] += 1
+            first_at.setdefault((k, e["event_id"]), (p, off))
+        per_key.clear()
+        per_type.clear()
         for _, v, _ in inputs:
             e = json.loads(v)
             k = e["user_id"]
@@ -405,10 +489,22 @@ def check(args):
         for _, v in outputs:
             o = json.loads(v)
             rid, k = o.get("rule_id"), o.get("key")
+            pos = None
+            if events_at is not None:
+                pos = source_of(o)
+                if pos is None and not isinstance(o.get("source"), dict):
+                    violation("source_missing", str(o)[:200])
             if rid == "count":
                 counts[k][int(o["value"])] += 1
+                if pos is not None and rank[pos][0] != int(o["value"]):
+                    violation("source_wrong", f"count {o['value']} of {k} from its event {rank[pos][0]} {pos}")
             elif rid == "dedup":
                 dedups[(k, o["value"]["event_id"])] += 1
+                if pos is not None and first_at.get((k, o["value"]["event_id"])) != pos:
+                    violation("source_wrong", f"dedup of {(k, o['value']['event_id'])} from {pos}, first "
+                              f"sighting {first_at.get((k, o['value']['event_id']))}")
+                elif pos is not None and o["value"] != events_at[pos]:
+                    violation("dedup_value_wrong", f"{pos}: {str(o['value'])[:160]}")
             elif rid == "sum-by-type" or (isinstance(rid, str) and rid.startswith("sum-")):
                 # bench/rules-grouped.json: one rule, the type in the output's group.
                 t = o["group"]["value"] if rid == "sum-by-type" else rid[4:]
@@ -416,6 +512,9 @@ def check(args):
                 sum_counts[(k, t)][n] += 1
                 if n == per_type[(k, t)]:
                     last_sum[(k, t)] = float(o["value"])
+                if pos is not None and (events_at[pos].get("type") != t or rank[pos][1] != n):
+                    violation("source_wrong", f"sum-{t} count {n} of {k} from a {events_at[pos].get('type')} "
+                              f"event, its {rank[pos][1]}th {pos}")
             else:
                 violation("unexpected", str(o)[:200])
         for k, n in per_key.items():
@@ -459,9 +558,15 @@ def main():
     ap.add_argument("--contract", choices=["passthrough", "json", "workload", "dedup", "window", "sequence",
                                            "sequence-et"], required=True)
     ap.add_argument("--dead-letter", default=None, help="sequence, sequence-et: the contender's dead-letter topic, checked too")
+    ap.add_argument("--events-from", default=None, metavar="TOPIC",
+                    help="the input is TOPIC's events in another encoding (same partitions, offsets and keys): "
+                    "the model comes from TOPIC, the twin and the outputs' sources are checked (see above)")
     ap.add_argument("--at-least-once", action="store_true")
+    args = ap.parse_args()
+    if args.events_from and args.contract == "passthrough":
+        ap.error("--events-from: passthrough compares bytes, which differ between encodings")
     try:
-        sys.exit(check(ap.parse_args()))
+        sys.exit(check(args))
     except (TimeoutError, KeyError, ValueError) as e:
         print(json.dumps({"ok": False, "error": str(e)}))
         sys.exit(2)

@@ -10,6 +10,7 @@
 #   BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh   # part 2, merged
 #   BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh          # part 3, merged
 #   BENCH_WORKLOADS=SEQ BENCH_MERGE=BENCHMARKS.json bench/run.sh        # sequence rules, merged
+#   BENCH_WORKLOADS=AVRO BENCH_MERGE=BENCHMARKS.json bench/run.sh       # Avro input beside JSON, merged
 #
 # Environment (defaults in brackets):
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
@@ -25,20 +26,25 @@
 #                           near 0.93 GB after ~10 min, and at most 90% of the input is read
 #                           before the kill). Empty: the recovery run reads the main input
 #                           and is killed at half of it
-#   BENCH_WORKLOADS [S]  of S,S-zipf,D,W,SEQ. S: bench/rules.json on the main input (+ latency runs
+#   BENCH_WORKLOADS [S]  of S,S-zipf,D,W,SEQ,AVRO. S: bench/rules.json on the main input (+ latency runs
 #                           and the state sweep); S-zipf: the same on BENCH_ZIPF_KEYS [100000] keys,
 #                           Zipf(1.0), BENCH_EVENTS events; D: dedup (rules-d.json); W: tumbling
 #                           event-time windows (rules-w.json); SEQ: one sequence rule
 #                           (rules-seq.json) in processing time (S-EO-seq) and in event time
-#                           (S-EO-seq-et, W's `ts` and 2 s), all on the main input; SEQ is in no
-#                           default and has no latency runs or sweep
+#                           (S-EO-seq-et, W's `ts` and 2 s), all on the main input; AVRO: J and
+#                           S-EO beside J-avro and S-EO-avro, the same jobs on the main input's
+#                           Avro twin (<input>-avro, written by the generator with it: the same
+#                           events at the same offsets, schema registered with a local Apicurio
+#                           Registry, integration-tests/registry/apicurio.sh, started for it and
+#                           stopped at the end); SEQ and AVRO are in no default and have no
+#                           latency runs or sweep
 #   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
 #                           are taken from it into the report (and its latency and sweep
 #                           figures when this run has no S)
-#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et]
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro]
 #                           (unavailable ones are skipped and named; each workload runs those
 #                           that can express it: D, W and S-zipf S-EO, KS, Q, F; SEQ S-EO-seq
-#                           and S-EO-seq-et only)
+#                           and S-EO-seq-et only; AVRO J, J-avro, S-EO, S-EO-avro)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
 #   BENCH_BUILD [1]  0: no cargo build; the streamstate, bench-generator and bench-latency
@@ -48,6 +54,10 @@
 #   BENCH_ADMIN_PORT [19464]   streamstate's admin port during runs (metrics are read there)
 #   BENCH_FLINK_REST_PORT [19481]  the Flink MiniCluster's REST API (checkpoint figures)
 #   KAFKA_PORT [19792] KAFKA_CONTROLLER_PORT [19793] STREAMSTATE_KAFKA_HOME [$BENCH_WORK/kafka]
+#   STREAMSTATE_REGISTRY_PORT [19083] STREAMSTATE_REGISTRY_MGMT_PORT [19084]
+#   STREAMSTATE_REGISTRY_HOME [$BENCH_WORK/registry]  the AVRO workload's registry: its own
+#                           port and home, apart from the integration tests' (19081), whose
+#                           run.sh stops any registry of the default home when it starts
 #   CARGO_TARGET_DIR [/var/tmp/streamstate-target]  (the README's and every script's: a
 #                           first run reuses the RocksDB build instead of redoing it)
 set -euo pipefail
@@ -58,12 +68,15 @@ DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
 REPEATS="${BENCH_REPEATS:-3}"
 INTERVAL="${BENCH_INTERVAL:-1s}"
-CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro}"
 WORKLOADS="${BENCH_WORKLOADS:-S}"  # the full comparison: S,S-zipf,D,W (~3 h)
 ZIPF_KEYS="${BENCH_ZIPF_KEYS:-100000}"
 WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"
 export KAFKA_PORT="${KAFKA_PORT:-19792}" KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19793}"
 export STREAMSTATE_KAFKA_HOME="${STREAMSTATE_KAFKA_HOME:-$WORK/kafka}"
+export STREAMSTATE_REGISTRY_PORT="${STREAMSTATE_REGISTRY_PORT:-19083}"
+export STREAMSTATE_REGISTRY_MGMT_PORT="${STREAMSTATE_REGISTRY_MGMT_PORT:-19084}"
+export STREAMSTATE_REGISTRY_HOME="${STREAMSTATE_REGISTRY_HOME:-$WORK/registry}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/streamstate-target}"
 TARGET="$CARGO_TARGET_DIR"
 BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
@@ -137,22 +150,56 @@ fi
 broker_pid="$("$ROOT/integration-tests/kafka/kafka.sh" status | grep -oE 'pid [0-9]+' | cut -d' ' -f2)"
 taskset -a -p -c 0 "$broker_pid" >/dev/null
 # A broker this script started is stopped and its data deleted (a full run writes tens of
-# GB of topics); one that was already running is left as it was.
+# GB of topics); one that was already running is left as it was. The same for the
+# registry (in memory: stopping it forgets the schema).
+started_registry=0
+REGISTRY="$ROOT/integration-tests/registry/apicurio.sh"
 stop_broker() {
     if (( started_broker )); then
         "$ROOT/integration-tests/kafka/kafka.sh" stop || true
         "$ROOT/integration-tests/kafka/kafka.sh" reset || true
     fi
+    if (( started_registry )); then
+        "$REGISTRY" stop || "$REGISTRY" kill || true
+    fi
 }
 trap stop_broker EXIT
+
+# AVRO (J-avro, S-EO-avro): a Schema Registry for the Avro twin's schema, only then.
+avro=()
+if [[ ",$WORKLOADS," == *",AVRO,"* && ( ",$CONTENDERS," == *",J-avro,"* || ",$CONTENDERS," == *",S-EO-avro,"* ) ]]; then
+    if ! "$REGISTRY" status >/dev/null 2>&1; then
+        log "starting the schema registry (Apicurio, for the AVRO workload) on port $STREAMSTATE_REGISTRY_PORT"
+        # The integration tests' download, when there is one, instead of a second one
+        # (apicurio.sh checks its SHA-1 either way).
+        tarball=apicurio-registry-app-3.3.3-all.tar.gz
+        if [[ ! -f "$STREAMSTATE_REGISTRY_HOME/$tarball" && -f "/var/tmp/streamstate-registry/$tarball" ]]; then
+            mkdir -p "$STREAMSTATE_REGISTRY_HOME"
+            ln "/var/tmp/streamstate-registry/$tarball" "$STREAMSTATE_REGISTRY_HOME/$tarball" 2>/dev/null \
+                || cp "/var/tmp/streamstate-registry/$tarball" "$STREAMSTATE_REGISTRY_HOME/$tarball"
+        fi
+        started_registry=1
+        taskset -c 0 "$REGISTRY" start
+    fi
+    REGISTRY_URL="$("$REGISTRY" url)"
+fi
 
 run_id="$(date -u +%Y%m%d%H%M%S)"
 INPUT="bench-in-$DIST-$KEYS-$EVENTS-$SEED-$run_id"
 RULES_TOPIC="bench-rules-$run_id"
-log "generating $EVENTS events into $INPUT"
+twin=()
+if [[ -n "${REGISTRY_URL:-}" ]]; then
+    # The same events in Avro to $INPUT-avro, each after its JSON record (same key, so the
+    # same partition and offset); the generator registers its schema under $INPUT-avro-value.
+    twin=(--avro-topic "$INPUT-avro" --schema-registry "$REGISTRY_URL")
+    avro=(--avro-input "$INPUT-avro" --schema-registry "$REGISTRY_URL")
+    log "generating $EVENTS events into $INPUT and, in Avro, $INPUT-avro"
+else
+    log "generating $EVENTS events into $INPUT"
+fi
 summary="$("$TARGET/release/bench-generator" --bootstrap "$BOOTSTRAP" --topic "$INPUT" --partitions 4 \
     --events "$EVENTS" --keys "$KEYS" --dist "$DIST" --seed "$SEED" \
-    --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" | tail -n1)"
+    --rules "$ROOT/bench/rules.json" --control-topic "$RULES_TOPIC" "${twin[@]}" | tail -n1)"
 log "input: $summary"
 # S-EO-grouped's rules (S with one group_by rule), and D's, W's and SEQ's: each on its
 # own control topic, published like rules.json.
@@ -196,4 +243,4 @@ fi
     --flink-rest-port "${BENCH_FLINK_REST_PORT:-19481}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
     --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" --short-interval "${BENCH_SHORT_INTERVAL-200ms}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
-    "${extra[@]}" "${sweep[@]}"
+    "${extra[@]}" "${sweep[@]}" "${avro[@]}"

@@ -5,6 +5,11 @@
 //! (drawn uniformly or Zipf(1.0) from `keys` keys), with a unique `event_id` — except for
 //! a `duplicate_rate` share of records that re-send one of the last [`RECENT`] events
 //! byte for byte (what an upstream retry produces), which dedup rules must drop.
+//!
+//! Each record also carries its [`Event`]'s fields, from which [`avro`] writes the same
+//! event in Avro (the Confluent wire format) for the Avro twin of the input topic.
+
+pub mod avro;
 
 use std::collections::VecDeque;
 
@@ -61,9 +66,36 @@ pub struct Spec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub key: String,
+    /// The event as JSON.
     pub value: Vec<u8>,
     /// True when this record re-sends an earlier one.
     pub duplicate: bool,
+    /// The fields `value` was written from (for other encodings of the same event).
+    pub event: Event,
+}
+
+/// One event's fields, in the order the JSON writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub event_id: String,
+    pub user_id: String,
+    /// The JSON field `type`.
+    pub kind: &'static str,
+    /// `amount` in cents: JSON writes `cents / 100` with two decimals (`12.05`), so the
+    /// JSON number is the double nearest `cents / 100`, which `cents as f64 / 100.0` is.
+    pub cents: u32,
+    pub ts: u64,
+    pub country: &'static str,
+    pub device: &'static str,
+    pub page: String,
+    /// Padding up to the target size.
+    pub payload: String,
+}
+
+impl Event {
+    pub fn amount(&self) -> f64 {
+        f64::from(self.cents) / 100.0
+    }
 }
 
 /// Inverse-CDF sampler over ranks `1..=n` with weights `1/k`.
@@ -137,22 +169,35 @@ impl Generator {
         let device = DEVICES[self.rng.random_range(0..DEVICES.len())];
         let page = self.rng.random_range(0..100_000u32);
         let ts = self.spec.start_ms + self.produced;
+        let event_id = format!("{:016x}-{:010}", self.spec.seed, self.unique);
         let head = format!(
-            "{{\"event_id\":\"{:016x}-{:010}\",\"user_id\":\"{key}\",\"type\":\"{kind}\",\"amount\":{}.{:02},\"ts\":{ts},\"country\":\"{country}\",\"device\":\"{device}\",\"page\":\"/p/{page}\",\"payload\":\"",
-            self.spec.seed,
-            self.unique,
+            "{{\"event_id\":\"{event_id}\",\"user_id\":\"{key}\",\"type\":\"{kind}\",\"amount\":{}.{:02},\"ts\":{ts},\"country\":\"{country}\",\"device\":\"{device}\",\"page\":\"/p/{page}\",\"payload\":\"",
             cents / 100,
             cents % 100,
         );
         self.unique += 1;
         let pad = self.spec.event_bytes.saturating_sub(head.len() + 2);
+        let payload: String = (0..pad)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
         let mut value = head.into_bytes();
-        value.extend((0..pad).map(|i| b'a' + (i % 26) as u8));
+        value.extend_from_slice(payload.as_bytes());
         value.extend_from_slice(b"\"}");
         Record {
-            key,
             value,
             duplicate: false,
+            event: Event {
+                event_id,
+                user_id: key.clone(),
+                kind,
+                cents,
+                ts,
+                country,
+                device,
+                page: format!("/p/{page}"),
+                payload,
+            },
+            key,
         }
     }
 }

@@ -1,8 +1,13 @@
 //! `bench-generator`: fills the benchmark's input topic once (or, with `--rate`, produces
-//! open loop at a fixed rate for latency runs) and publishes the rules file.
+//! open loop at a fixed rate for latency runs) and publishes the rules file. With
+//! `--avro-topic`, every event also goes to that topic in Avro (Confluent wire format),
+//! right after its JSON record, with the same key: both topics have the same partitions,
+//! so each Avro record sits at its JSON twin's partition and offset.
 //!
 //! Prints one JSON summary line on stdout: records, duplicates, bytes, seconds.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,7 +18,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use streamstate_bench_generator::{Dist, Generator, Spec};
+use streamstate_bench_generator::{Dist, Generator, Spec, avro};
 
 #[derive(Parser, Debug)]
 #[command(about = "Seeded benchmark input for streamstate")]
@@ -48,10 +53,39 @@ struct Args {
     rules: Option<PathBuf>,
     #[arg(long, default_value = "bench-rules")]
     control_topic: String,
+    /// Also write each event, after its JSON record, to this topic in Avro (Confluent
+    /// wire format: 0, the schema id, the datum), same key, so same partition and offset.
+    #[arg(long)]
+    avro_topic: Option<String>,
+    /// The schema id to stamp on the Avro records (the generator's schema, registered by
+    /// someone else). Without it, `--schema-registry` registers the schema.
+    #[arg(long)]
+    avro_schema_id: Option<u32>,
+    /// A Confluent-compatible Schema Registry (`http://` only): the event schema is
+    /// registered under `<avro-topic>-value` and the id it gets is stamped.
+    #[arg(long)]
+    schema_registry: Option<String>,
+    /// Print the Avro schema of the events and exit.
+    #[arg(long)]
+    print_avro_schema: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.print_avro_schema {
+        println!("{}", avro::SCHEMA);
+        return Ok(());
+    }
+    let avro_out = match (&args.avro_topic, args.avro_schema_id, &args.schema_registry) {
+        (None, None, None) => None,
+        (None, _, _) => bail!("--avro-schema-id and --schema-registry need --avro-topic"),
+        (Some(t), Some(id), _) => Some((t.clone(), id)),
+        (Some(t), None, Some(url)) => Some((
+            t.clone(),
+            register(url, &format!("{t}-value"), avro::SCHEMA)?,
+        )),
+        (Some(_), None, None) => bail!("--avro-topic needs --avro-schema-id or --schema-registry"),
+    };
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &args.bootstrap)
         .set("enable.idempotence", "true")
@@ -63,6 +97,9 @@ fn main() -> anyhow::Result<()> {
         .create()
         .context("creating the producer")?;
     ensure_topic(&args.bootstrap, &args.topic, args.partitions)?;
+    if let Some((topic, _)) = &avro_out {
+        ensure_topic(&args.bootstrap, topic, args.partitions)?;
+    }
     if let Some(path) = &args.rules {
         ensure_topic(&args.bootstrap, &args.control_topic, 1)?;
         publish_rules(&producer, path, &args.control_topic)?;
@@ -81,7 +118,7 @@ fn main() -> anyhow::Result<()> {
         event_bytes: args.event_bytes,
         start_ms,
     };
-    let (mut duplicates, mut bytes) = (0u64, 0u64);
+    let (mut duplicates, mut bytes, mut avro_bytes) = (0u64, 0u64, 0u64);
     let started = Instant::now();
     for (i, mut record) in Generator::new(spec).enumerate() {
         let mut timestamp = None;
@@ -94,6 +131,7 @@ fn main() -> anyhow::Result<()> {
                 std::thread::sleep(wait);
             }
             record.value = restamp(&record.value, intended)?;
+            record.event.ts = intended;
             timestamp = Some(intended as i64);
         }
         duplicates += u64::from(record.duplicate);
@@ -105,17 +143,31 @@ fn main() -> anyhow::Result<()> {
             r = r.timestamp(ts);
         }
         send(&producer, r)?;
+        if let Some((topic, id)) = &avro_out {
+            // The same key, so the same partition; sent right after the JSON record, so
+            // the same position in it (the idempotent producer keeps each partition's order).
+            let value = avro::encode(&record.event, *id);
+            avro_bytes += value.len() as u64;
+            let mut r = BaseRecord::to(topic).key(&record.key).payload(&value);
+            if let Some(ts) = timestamp {
+                r = r.timestamp(ts);
+            }
+            send(&producer, r)?;
+        }
     }
     producer
         .flush(Duration::from_secs(120))
         .context("flushing the input")?;
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "{}",
-        serde_json::json!({"topic": args.topic, "records": args.events, "duplicates": duplicates,
-                           "bytes": bytes, "seconds": secs, "keys": args.keys,
-                           "dist": format!("{:?}", args.dist).to_lowercase(), "seed": args.seed})
-    );
+    let mut summary = serde_json::json!({"topic": args.topic, "records": args.events, "duplicates": duplicates,
+                                         "bytes": bytes, "seconds": secs, "keys": args.keys,
+                                         "dist": format!("{:?}", args.dist).to_lowercase(), "seed": args.seed});
+    if let Some((topic, id)) = &avro_out {
+        summary["avro_topic"] = topic.as_str().into();
+        summary["avro_schema_id"] = (*id).into();
+        summary["avro_bytes"] = avro_bytes.into();
+    }
+    println!("{summary}");
     Ok(())
 }
 
@@ -135,6 +187,89 @@ fn send(
             }
             Err((e, _)) => bail!("producing: {e}"),
         }
+    }
+}
+
+/// Registers `schema` (Avro) under `subject` with a Confluent-compatible registry at
+/// `url` (`http://host:port/base`): `POST <base>/subjects/<subject>/versions`, the id from
+/// `{"id": N}`. Plain HTTP/1.1 over a socket, `Connection: close` (a benchmark tool talking
+/// to a local registry; no HTTP client dependency for one request).
+fn register(url: &str, subject: &str, schema: &str) -> anyhow::Result<u32> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--schema-registry {url}: only http:// URLs"))?;
+    let (authority, base) = rest.split_once('/').map_or((rest, ""), |(a, b)| (a, b));
+    let base = base.trim_end_matches('/');
+    let path = if base.is_empty() {
+        format!("/subjects/{subject}/versions")
+    } else {
+        format!("/{base}/subjects/{subject}/versions")
+    };
+    let body = serde_json::json!({"schema": schema, "schemaType": "AVRO"}).to_string();
+    let addr = if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let mut stream = TcpStream::connect(&addr)
+        .with_context(|| format!("connecting to the registry at {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/vnd.schemaregistry.v1+json\r\n\
+         Accept: application/vnd.schemaregistry.v1+json, application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .context("reading the registry's answer")?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("the registry's answer has no header end")?;
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let mut payload = response[split + 4..].to_vec();
+    if head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked")
+    {
+        payload = dechunk(&payload)?;
+    }
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    let text = String::from_utf8_lossy(&payload);
+    if status != "200" {
+        bail!("registering {subject} at {url}: HTTP {status}: {text}");
+    }
+    let answer: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("the registry's answer is not JSON: {text}"))?;
+    let id = answer["id"]
+        .as_u64()
+        .with_context(|| format!("no id in the registry's answer: {text}"))?;
+    Ok(u32::try_from(id)?)
+}
+
+/// A `Transfer-Encoding: chunked` body, joined.
+fn dechunk(mut body: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("a chunk without its size line")?;
+        let size = std::str::from_utf8(&body[..line_end])?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("chunk size {size:?}"))?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if body.len() < size {
+            bail!("a chunk cut short");
+        }
+        out.extend_from_slice(&body[..size]);
+        body = body.get(size + 2..).unwrap_or_default();
     }
 }
 
