@@ -340,10 +340,14 @@ fn check_config_accepts_the_rendered_config_of_every_values_file() {
         ]);
         let toml = config_toml(&objects);
         // As the pod gets them from the Secret (dots stay part of the librdkafka name).
-        let env = [
+        let mut env = vec![
             ("STREAMSTATE__KAFKA__PROPERTIES__SASL.USERNAME", "user"),
             ("STREAMSTATE__KAFKA__PROPERTIES__SASL.PASSWORD", "0123"),
         ];
+        // The registry password comes from the Secret too, for a config with a registry.
+        if toml.contains("[schema_registry]") {
+            env.push(("STREAMSTATE__SCHEMA_REGISTRY__PASSWORD", "0456"));
+        }
         let (ok, out) = check_config(&toml, &env);
         assert!(
             ok && out.contains("config ok"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the build and tests need, starts a local S3 server (moto) and a real
-# Kafka broker, runs every test, and stops both even when tests fail. This is the
-# README's test command and what CI runs (.ci/run).
+# Installs what the build and tests need, starts a local S3 server (moto), a Schema
+# Registry (Apicurio) and a real Kafka broker, runs every test, and stops them even when
+# tests fail. This is the README's test command and what CI runs (.ci/run).
 #
 #   integration-tests/run.sh [--kills N]
 #     --kills N   SIGKILLs in the random-kill exactly-once test (default 20; long form 150)
@@ -46,11 +46,20 @@ export STREAMSTATE_HELM
 
 # S3-compatible server for the s3:// checkpoint storage tests, unit and integration.
 moto="$root/integration-tests/s3/moto.sh"
+registry="$root/integration-tests/registry/apicurio.sh"
 "$moto" start
-trap '"$moto" stop || true' EXIT
+trap '"$registry" stop || "$registry" kill || true; "$moto" stop || true' EXIT
 STREAMSTATE_TEST_S3_ENDPOINT="$("$moto" endpoint)"
 export STREAMSTATE_TEST_S3_ENDPOINT
-# Python with `jsonschema`, for the test that validates the rule JSON Schema.
+# Confluent-compatible Schema Registry (Apicurio Registry, in memory) for the Avro tests,
+# and the independent reader that decodes the Avro output (runs on the venv's python below).
+"$registry" stop >/dev/null 2>&1 || true   # in memory: a registry left from an aborted run restarts empty
+"$registry" start
+STREAMSTATE_TEST_REGISTRY_URL="$("$registry" url)"
+export STREAMSTATE_TEST_REGISTRY_URL
+export STREAMSTATE_TEST_READ_AVRO="$root/integration-tests/registry/read_avro.py"
+# Python with `jsonschema` (the test that validates the rule JSON Schema) and `confluent-kafka`
+# + `fastavro` (read_avro.py).
 STREAMSTATE_TEST_PYTHON="$("$moto" python | tail -n1)"
 export STREAMSTATE_TEST_PYTHON
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
@@ -78,7 +87,7 @@ cargo test --release --workspace --locked "${features[@]}" --doc
 kafka="$root/integration-tests/kafka/kafka.sh"
 "$kafka" reset >/dev/null 2>&1 || true
 "$kafka" start
-trap '"$kafka" stop || "$kafka" kill || true; "$moto" stop || true' EXIT
+trap '"$kafka" stop || "$kafka" kill || true; "$registry" stop || "$registry" kill || true; "$moto" stop || true' EXIT
 export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"

@@ -14,6 +14,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 pub use streamstate_state::BackendKind;
 
+pub use crate::format::{AvroConfig, InputFormat, OutputFormat, ProtobufConfig, RegistryConfig};
+
 /// Environment variables with this prefix override file keys; `__` separates levels.
 pub const ENV_PREFIX: &str = "STREAMSTATE__";
 
@@ -40,6 +42,14 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// The Schema Registry that Avro and Protobuf records name by schema id; required
+    /// when `job.format` or `job.output_format` is not `json`.
+    #[serde(default)]
+    pub schema_registry: Option<RegistryConfig>,
+    #[serde(default)]
+    pub avro: AvroConfig,
+    #[serde(default)]
+    pub protobuf: ProtobufConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,6 +156,14 @@ pub struct JobConfig {
     /// Readers see outputs as soon as they are written; no zombie fencing.
     #[serde(default)]
     pub guarantee: Guarantee,
+    /// How input values are written: `json` (default), `avro` or `protobuf` (both in the
+    /// Confluent wire format, schemas from `[schema_registry]`). Decoded records are the
+    /// same JSON value for `key`, `timestamp`, rules and functions whatever the format.
+    #[serde(default)]
+    pub format: InputFormat,
+    /// How outputs are written: `json` (default) or `avro` (`[avro] output_schema_file`).
+    #[serde(default)]
+    pub output_format: OutputFormat,
 }
 
 /// `[job] guarantee`.
@@ -253,6 +271,10 @@ impl Default for CheckpointConfig {
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(value: &str) -> Self {
+        Self(value.to_string())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -516,6 +538,7 @@ impl Config {
             );
         }
         self.admin_token()?;
+        crate::format::validate(self)?;
         Ok(())
     }
 
@@ -698,6 +721,11 @@ impl figment::Provider for EnvOverrides {
                     "properties" | "consumer_properties" | "producer_properties",
                     _,
                 ] => Value::from(value),
+                // Credentials too: a password of digits stays a string.
+                ["admin", "token"]
+                | ["schema_registry", "password" | "bearer_token" | "username"] => {
+                    Value::from(value)
+                }
                 _ => value
                     .parse()
                     .expect("parsing a figment value is infallible"),
@@ -945,6 +973,40 @@ key = "/user"
     }
 
     #[test]
+    fn formats_that_need_a_registry_or_a_schema_name_the_missing_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let load = |extra: &str| {
+            // MINIMAL ends in [job]: job keys first, then any sections.
+            let body = format!("{MINIMAL}{extra}\n");
+            Config::load(&write(&dir, &body)).map_err(|e| e.to_string())
+        };
+        let err = load("format = \"avro\"").expect_err("no registry");
+        assert!(err.contains("schema_registry.urls"), "{err}");
+        let err = load("output_format = \"avro\"\n[schema_registry]\nurls = [\"http://r:8081\"]")
+            .expect_err("no output schema");
+        assert!(err.contains("avro.output_schema_file"), "{err}");
+        let err = load("format = \"protobuf\"\n[schema_registry]\nurls = [\"r:8081\"]")
+            .expect_err("not a URL");
+        assert!(err.contains("schema_registry.urls"), "{err}");
+        let err =
+            load("format = \"avro\"\n[schema_registry]\nurls = [\"http://r\"]\nusername = \"u\"")
+                .expect_err("user without password");
+        assert!(err.contains("schema_registry.password"), "{err}");
+        let err = load("format = \"avro\"\n[schema_registry]\nurl = \"http://r\"")
+            .expect_err("unknown key");
+        assert!(err.contains("url"), "{err}");
+        let err = load("format = \"xml\"").expect_err("unknown format");
+        assert!(err.contains("format"), "{err}");
+        let ok = load("format = \"protobuf\"\n[schema_registry]\nurls = [\"https://r:8081\"]\nbearer_token = \"t\"")
+            .expect("protobuf with a token");
+        assert_eq!(ok.job.format, InputFormat::Protobuf);
+        assert!(
+            !format!("{ok:?}").contains("\"t\""),
+            "the token never prints"
+        );
+    }
+
+    #[test]
     fn every_shipped_example_in_config_dir_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
         let mut loaded = 0;
@@ -956,10 +1018,15 @@ key = "/user"
             let path = entry.expect("entry").path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let text = std::fs::read_to_string(&path).expect("read");
-                let text = text.replace(
-                    "/etc/streamstate/secrets/admin-token",
-                    &token.display().to_string(),
-                );
+                let text = text
+                    .replace(
+                        "/etc/streamstate/secrets/admin-token",
+                        &token.display().to_string(),
+                    )
+                    .replace(
+                        "/etc/streamstate/secrets/schema-registry-password",
+                        &token.display().to_string(),
+                    );
                 Config::load(&write(&tmp, &text))
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 loaded += 1;

@@ -1,10 +1,16 @@
-//! Turns raw Kafka record bytes into a JSON event and its state key.
+//! Turns raw Kafka record bytes into a JSON event and its state key. The bytes are JSON,
+//! or Avro or Protobuf read by [`crate::format`]; everything after that first step is
+//! the same for every format.
 //!
 //! Every way a record can be unusable has its own [`DecodeError`] variant, because the
 //! variant's [`DecodeError::reason`] becomes the dead-letter header and metric label that an
 //! operator filters on.
 
+use std::sync::Arc;
+
 use serde_json::Value;
+
+use crate::format::ValueReader;
 
 /// Deeper documents are refused before serde_json's own recursion limit (128) would be hit,
 /// so a hostile record costs bounded stack and time.
@@ -40,6 +46,24 @@ pub enum DecodeError {
         now_ms: u64,
         max_skew_ms: u64,
     },
+    #[error("record does not start with the wire format's magic byte 0 (found {0:#04x})")]
+    BadMagicByte(u8),
+    #[error("record is truncated: {0}")]
+    Truncated(String),
+    #[error("schema id {0} is not in the schema registry")]
+    UnknownSchemaId(u32),
+    #[error("{0}")]
+    SchemaMismatch(String),
+    #[error("{0}")]
+    UnsupportedSchema(String),
+    #[error("record is not valid Avro: {0}")]
+    InvalidAvro(String),
+    #[error("record is not valid Protobuf: {0}")]
+    InvalidProtobuf(String),
+    /// Not the record's fault: the job aborts the epoch and replays it, and never
+    /// dead-letters a record for it ([`DecodeError::is_transient`]).
+    #[error("{0}")]
+    RegistryUnavailable(String),
 }
 
 impl DecodeError {
@@ -57,7 +81,20 @@ impl DecodeError {
             Self::MissingTimestamp(_) => "missing_timestamp",
             Self::BadTimestamp(_) => "bad_timestamp",
             Self::EventTimeOutOfRange { .. } => "event_time_out_of_range",
+            Self::BadMagicByte(_) => "bad_magic_byte",
+            Self::Truncated(_) => "truncated",
+            Self::UnknownSchemaId(_) => "unknown_schema_id",
+            Self::SchemaMismatch(_) => "schema_mismatch",
+            Self::UnsupportedSchema(_) => "unsupported_schema",
+            Self::InvalidAvro(_) => "invalid_avro",
+            Self::InvalidProtobuf(_) => "invalid_protobuf",
+            Self::RegistryUnavailable(_) => "registry_unavailable",
         }
+    }
+
+    /// A failure of the schema registry, not of the record: replay, never dead-letter.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::RegistryUnavailable(_))
     }
 }
 
@@ -78,6 +115,7 @@ pub struct Decoder {
     max_key_bytes: usize,
     timestamp_pointer: Option<String>,
     max_skew_ms: Option<u64>,
+    reader: Arc<ValueReader>,
 }
 
 impl Decoder {
@@ -88,7 +126,14 @@ impl Decoder {
             max_key_bytes,
             timestamp_pointer: None,
             max_skew_ms: None,
+            reader: Arc::new(ValueReader::Json),
         }
+    }
+
+    /// Read values with this format's reader instead of as JSON (`[job] format`).
+    pub fn with_reader(mut self, reader: ValueReader) -> Self {
+        self.reader = Arc::new(reader);
+        self
     }
 
     /// Also extract event time from this JSON pointer; events without it are refused.
@@ -112,7 +157,16 @@ impl Decoder {
 
     /// [`Decoder::decode`] with the wall clock given (the skew check's "now").
     pub fn decode_at(&self, payload: Option<&[u8]>, now_ms: u64) -> Result<Event, DecodeError> {
-        let value = parse_json(payload, self.max_record_bytes)?;
+        let bytes = payload
+            .filter(|b| !b.is_empty())
+            .ok_or(DecodeError::Empty)?;
+        if bytes.len() > self.max_record_bytes {
+            return Err(DecodeError::TooLarge {
+                size: bytes.len(),
+                max: self.max_record_bytes,
+            });
+        }
+        let value = self.reader.read(bytes, self.max_record_bytes)?;
         let key = match value.pointer(&self.key_pointer) {
             None | Some(Value::Null) => {
                 return Err(DecodeError::MissingKey(self.key_pointer.clone()));

@@ -55,6 +55,8 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             idle_timeout: None,
             state_ttl: None,
             guarantee: Default::default(),
+            format: Default::default(),
+            output_format: Default::default(),
         },
         state: StateConfig {
             dir: work.join("state"),
@@ -68,6 +70,9 @@ pub fn config(bootstrap: String, work: &std::path::Path, admin: SocketAddr) -> C
             listen: admin,
             ..AdminConfig::default()
         },
+        schema_registry: None,
+        avro: Default::default(),
+        protobuf: Default::default(),
     }
 }
 

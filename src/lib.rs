@@ -7,7 +7,9 @@
 //!
 //! - [`config`]: the TOML file and `STREAMSTATE__SECTION__KEY` overrides; refuses unknown keys.
 //! - [`source`]: the Kafka consumer with manual assignment; offsets are the service's own.
-//! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic.
+//! - [`decode`]: bytes → JSON event + state key, or a reason for the dead-letter topic;
+//!   [`format`] reads Avro and Protobuf (Confluent wire format, Schema Registry) and
+//!   writes Avro outputs.
 //! - [`function`]: the process-function API (Flink's `KeyedBroadcastProcessFunction`);
 //!   [`functions`] holds the built-in ones, [`rules`] the rule engine (itself a function).
 //! - [`driver`]: runs one function over the state store: key scope, event time, timers.
@@ -62,6 +64,7 @@ pub mod config;
 pub mod control;
 pub mod decode;
 pub mod driver;
+pub mod format;
 pub mod function;
 pub mod functions;
 pub mod history;

@@ -370,6 +370,8 @@ pub struct Job {
     pub admin: SocketAddr,
     /// `[job] function`: `count` unless a test sets another.
     pub function: &'static str,
+    /// More `[job]` keys, verbatim TOML lines (e.g. `format = "avro"`).
+    pub job_extra: String,
 }
 
 impl Job {
@@ -385,6 +387,7 @@ impl Job {
             partitions,
             admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
             function: "count",
+            job_extra: String::new(),
         };
         create_topics(&[
             (&job.input, partitions),
@@ -426,6 +429,7 @@ transaction_timeout = "30s"
 [job]
 key = "/user_id"
 function = "{function}"
+{job_extra}
 
 [state]
 dir = "{state}"
@@ -447,6 +451,7 @@ listen = "{admin}"
             state = d.join("state").display(),
             admin = self.admin,
             function = self.function,
+            job_extra = self.job_extra,
         );
         let path = self.config_path();
         std::fs::write(&path, body).expect("write config");
@@ -736,6 +741,16 @@ pub fn check_exactly_once(job: &Job) -> (usize, usize) {
 /// [`check_exactly_once`], leaving out output records whose value is `ignored` (markers a
 /// test wrote itself).
 pub fn check_exactly_once_ignoring(job: &Job, ignored: &[u8]) -> (usize, usize) {
+    check_exactly_once_reading(job, ignored, user_of)
+}
+
+/// [`check_exactly_once_ignoring`] with the checker's own reader of input records
+/// (`user_of` for JSON; a format test passes its own): `None` marks a bad record.
+pub fn check_exactly_once_reading(
+    job: &Job,
+    ignored: &[u8],
+    user_of: impl Fn(Option<&[u8]>) -> Option<String>,
+) -> (usize, usize) {
     let input = read_all(&job.input, true);
     let mut output = read_all(&job.output, true);
     output.retain(|r| ignored.is_empty() || r.value.as_deref() != Some(ignored));

@@ -6,6 +6,8 @@
 #   moto.sh stop       SIGTERM by pid, wait for exit (SIGKILL after MOTO_STOP_TIMEOUT)
 #   moto.sh status     exit 0 and print the pid if running, exit 1 otherwise
 #   moto.sh endpoint   print the endpoint URL (http://127.0.0.1:$MOTO_PORT)
+#   moto.sh python     install the venv if missing, print its interpreter (also has
+#                      jsonschema, confluent-kafka and fastavro for the test helpers)
 #
 # Environment:
 #   STREAMSTATE_MOTO_HOME  state dir (default /var/tmp/streamstate-moto): venv/, moto.log, moto.pid
@@ -22,8 +24,11 @@ set -euo pipefail
 # Pinned so every machine tests against the same server behaviour (conditional PUTs,
 # multipart uploads); bump deliberately.
 MOTO_VERSION="5.2.5"
-# Also in the venv: the JSON Schema validator the rule-schema test uses.
+# Also in the venv: the JSON Schema validator the rule-schema test uses, and the Kafka
+# client + Avro codec of the independent Avro reader (integration-tests/registry/read_avro.py).
 JSONSCHEMA_VERSION="4.26.0"
+CONFLUENT_KAFKA_VERSION="2.16.1"
+FASTAVRO_VERSION="1.13.1"
 
 MOTO_HOME_DIR="${STREAMSTATE_MOTO_HOME:-/var/tmp/streamstate-moto}"
 MOTO_PORT="${MOTO_PORT:-19000}"
@@ -33,6 +38,15 @@ PYTHON="${PYTHON:-python3}"
 
 VENV="$MOTO_HOME_DIR/venv"
 INSTALLED_MARKER="$VENV/.streamstate-moto-version"
+# Everything pip installs into the venv; the marker records exactly this list, so a venv
+# kept from an earlier run with fewer or other pins gets the missing ones installed.
+VENV_PACKAGES=(
+    "moto[server]==$MOTO_VERSION"
+    "jsonschema==$JSONSCHEMA_VERSION"
+    "confluent-kafka==$CONFLUENT_KAFKA_VERSION"
+    "fastavro==$FASTAVRO_VERSION"
+)
+VENV_MARKER="${VENV_PACKAGES[*]}"
 LOG_FILE="$MOTO_HOME_DIR/moto.log"
 PID_FILE="$MOTO_HOME_DIR/moto.pid"
 LOCK_FILE="$MOTO_HOME_DIR/.moto.sh.lock"
@@ -49,13 +63,34 @@ with_lock() {
 
 # ---------------------------------------------------------------- venv
 
+# True when the venv has every pinned package (by the marker) and the helpers' ones import
+# (moto itself is checked by its entry point: importing it takes ~0.5 s).
+venv_complete() {
+    [[ -x "$VENV/bin/moto_server" && "$(cat "$INSTALLED_MARKER" 2>/dev/null)" == "$VENV_MARKER" ]] \
+        && "$VENV/bin/python" -c 'import jsonschema, confluent_kafka, fastavro' >/dev/null 2>&1
+}
+
+pip_install() {
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "${VENV_PACKAGES[@]}"
+}
+
 ensure_venv() {
-    if [[ -x "$VENV/bin/moto_server" && "$(cat "$INSTALLED_MARKER" 2>/dev/null)" == "$MOTO_VERSION+$JSONSCHEMA_VERSION" ]]; then
+    if venv_complete; then
         return 0
+    fi
+    # A venv kept from an earlier run (machines keep /var/tmp) with an older set of pins:
+    # install what is missing into it; pip leaves packages already at their pin alone.
+    if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        log "updating $VENV to: ${VENV_PACKAGES[*]}"
+        if pip_install && [[ -x "$VENV/bin/moto_server" ]]; then
+            printf '%s' "$VENV_MARKER" >"$INSTALLED_MARKER"
+            venv_complete && return 0
+        fi
+        log "updating $VENV failed; recreating it"
     fi
     command -v "$PYTHON" >/dev/null 2>&1 \
         || die "$PYTHON not found: install Python 3 (Debian: apt-get install python3 python3-venv) or set PYTHON"
-    log "installing moto[server]==$MOTO_VERSION into $VENV (using $(command -v "$PYTHON"), $("$PYTHON" --version 2>&1))"
+    log "installing ${VENV_PACKAGES[*]} into $VENV (using $(command -v "$PYTHON"), $("$PYTHON" --version 2>&1))"
     rm -rf "$VENV"
     # Debian's python3 ships venv without ensurepip unless python3-venv is installed; the
     # error it prints then is easy to misread, so say what to do.
@@ -64,12 +99,13 @@ ensure_venv() {
         rm -rf "$VENV"
         die "'$PYTHON -m venv' failed: on Debian/Ubuntu install the venv module (apt-get install python3-venv), or point PYTHON at an interpreter that has it"
     fi
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "moto[server]==$MOTO_VERSION" "jsonschema==$JSONSCHEMA_VERSION"; then
+    if ! pip_install; then
         rm -rf "$VENV"
-        die "pip install moto[server]==$MOTO_VERSION failed (is PyPI reachable?)"
+        die "pip install ${VENV_PACKAGES[*]} failed (is PyPI reachable?)"
     fi
     [[ -x "$VENV/bin/moto_server" ]] || die "moto installed but $VENV/bin/moto_server is missing"
-    printf '%s' "$MOTO_VERSION+$JSONSCHEMA_VERSION" >"$INSTALLED_MARKER"
+    printf '%s' "$VENV_MARKER" >"$INSTALLED_MARKER"
+    venv_complete || die "installed ${VENV_PACKAGES[*]} into $VENV but they do not import"
 }
 
 # ---------------------------------------------------------------- process
@@ -217,7 +253,7 @@ case "${1:-}" in
     endpoint) printf '%s\n' "$ENDPOINT" ;;
     python) with_lock; ensure_venv; printf '%s\n' "$VENV/bin/python" ;;
     *)
-        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac

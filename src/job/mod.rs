@@ -75,6 +75,14 @@ pub enum JobError {
     },
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    /// The schema registry did not answer within `schema_registry.retry_for`: the open
+    /// epochs are aborted and replayed, never dead-lettered.
+    #[error("{0}")]
+    Registry(String),
+    #[error("{0}")]
+    OutputFormat(String),
+    #[error(transparent)]
+    Format(#[from] crate::format::FormatError),
     #[error(transparent)]
     Rescale(#[from] rescale::RescaleError),
     #[error(transparent)]
@@ -413,6 +421,7 @@ impl Job {
 fn is_rewindable(e: &JobError) -> bool {
     match e {
         JobError::Sink(SinkError::Abortable(_)) => true,
+        JobError::Registry(_) => true,
         JobError::Epoch(e) => e.is_rewindable(),
         e => is_disk_full(e),
     }

@@ -13,6 +13,7 @@ use crate::config::{Config, FunctionKind};
 use crate::control::{RuleOutcome, Rules};
 use crate::decode::Decoder;
 use crate::driver::Driver;
+use crate::format::avro::{AvroEncoder, EncodeError};
 use crate::function::{BroadcastUpdate, OutputRecord, SourceRef};
 use crate::metrics::Metrics;
 use crate::repartition;
@@ -25,6 +26,8 @@ pub(super) struct Pipeline {
     pub(super) config: Config,
     pub(super) metrics: Metrics,
     pub(super) decoder: Decoder,
+    /// `job.output_format = "avro"`: outputs are encoded with their topic's schema.
+    pub(super) encoder: Option<AvroEncoder>,
     /// The producer pool; records go to the open epoch's producer.
     pub(super) sink: Sink,
     pub(super) state: Driver,
@@ -84,7 +87,23 @@ impl Pipeline {
                     event.timestamp_ms,
                     &source,
                 )?;
-                self.send(records)?;
+                // An output its schema cannot hold dead-letters the input that caused
+                // it (none of its outputs is written); its state change stays.
+                let rejection = match self.encode(records) {
+                    Ok(encoded) => {
+                        self.send_encoded(encoded)?;
+                        rejection
+                    }
+                    Err(EncodeError::Mismatch { topic, reason }) => {
+                        Some(crate::function::Rejection {
+                            reason: "output_schema_mismatch",
+                            message: format!(
+                                "output for topic {topic} does not fit its Avro schema: {reason}"
+                            ),
+                        })
+                    }
+                    Err(EncodeError::Registry(e)) => return Err(JobError::Registry(e.to_string())),
+                };
                 if let Some(r) = rejection {
                     self.dead_letter(msg, &source, r.reason, &r.message)?;
                     self.metrics
@@ -93,6 +112,9 @@ impl Pipeline {
                         .inc();
                 }
             }
+            // The registry is away: the record is not consumed, and the epoch is aborted
+            // and replayed from the last checkpoint once it answers again.
+            Err(err) if err.is_transient() => return Err(JobError::Registry(err.to_string())),
             Err(err) => {
                 self.dead_letter(msg, &source, err.reason(), &err.to_string())?;
                 self.metrics
@@ -221,18 +243,44 @@ impl Pipeline {
         self.send(records)
     }
 
+    /// Outputs not caused by an input record (timers, rule updates): one that does not
+    /// fit its schema stops the job, since there is no record to dead-letter.
     fn send(&self, records: Vec<OutputRecord>) -> Result<(), JobError> {
-        for r in records {
-            let topic = r
-                .topic
-                .as_deref()
-                .unwrap_or(&self.config.kafka.output_topic);
+        match self.encode(records) {
+            Ok(encoded) => self.send_encoded(encoded),
+            Err(EncodeError::Registry(e)) => Err(JobError::Registry(e.to_string())),
+            Err(e) => Err(JobError::OutputFormat(e.to_string())),
+        }
+    }
+
+    /// Each record with its topic, its value in the output format.
+    fn encode(
+        &self,
+        records: Vec<OutputRecord>,
+    ) -> Result<Vec<(OutputRecord, String)>, EncodeError> {
+        records
+            .into_iter()
+            .map(|mut r| {
+                let topic = r
+                    .topic
+                    .clone()
+                    .unwrap_or_else(|| self.config.kafka.output_topic.clone());
+                if let Some(e) = &self.encoder {
+                    r.value = e.encode(&topic, &r.value)?;
+                }
+                Ok((r, topic))
+            })
+            .collect()
+    }
+
+    fn send_encoded(&self, records: Vec<(OutputRecord, String)>) -> Result<(), JobError> {
+        for (r, topic) in records {
             self.sink
                 .producer()
-                .send(topic, r.key.as_deref(), &r.value, None)?;
+                .send(&topic, r.key.as_deref(), &r.value, None)?;
             self.metrics
                 .records_produced
-                .with_label_values(&[topic])
+                .with_label_values(&[topic.as_str()])
                 .inc();
         }
         Ok(())

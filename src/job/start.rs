@@ -276,13 +276,17 @@ impl Job {
             .max()
             .unwrap_or(0)
             + 1;
+        let format_metrics = crate::format::FormatMetrics::new(metrics.registry())
+            .map_err(|e| JobError::OutputFormat(format!("format metrics: {e}")))?;
+        let formats = crate::format::Formats::from_config(&config, &format_metrics)?;
         let decoder = Decoder::new(
             &config.job.key,
             config.job.max_record_bytes,
             config.job.max_key_bytes,
         )
         .with_timestamp(config.job.timestamp.as_deref())
-        .with_max_skew(config.job.max_event_time_skew);
+        .with_max_skew(config.job.max_event_time_skew)
+        .with_reader(formats.reader);
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
@@ -301,6 +305,7 @@ impl Job {
             config,
             metrics,
             decoder,
+            encoder: formats.encoder,
             sink,
             state,
             offsets,

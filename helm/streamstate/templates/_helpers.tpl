@@ -55,6 +55,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Fixed paths inside the container: the image's volume and the Secret's mount. */}}
 {{- define "streamstate.dataDir" -}}/var/lib/streamstate{{- end }}
 {{- define "streamstate.secretsDir" -}}/etc/streamstate/secrets{{- end }}
+{{- define "streamstate.schemasDir" -}}/etc/streamstate/schemas{{- end }}
 
 {{/* checkpoint.storage with the chart's default (the per-pod checkpoints volume). */}}
 {{- define "streamstate.checkpointStorage" -}}
@@ -109,6 +110,11 @@ checkpoint (bounded by checkpoint.timeout) and exits; shutdownMarginSeconds cove
 {{- toString . | toJson }}
 {{- end }}
 
+{{/* A TOML array of strings. */}}
+{{- define "streamstate.tomlStrings" -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "streamstate.tomlString" $v }}{{ end }}]
+{{- end }}
+
 {{/* A TOML table of librdkafka properties (strings). */}}
 {{- define "streamstate.tomlProperties" -}}
 {{- range $k, $v := . }}
@@ -125,6 +131,31 @@ index (STREAMSTATE__JOB__INSTANCE), the admin token from the mounted Secret.
 {{- $j := .Values.config.job -}}
 {{- $s := .Values.config.state -}}
 {{- $c := .Values.config.checkpoint -}}
+{{- $r := .Values.config.schema_registry | default dict -}}
+{{- $a := .Values.config.avro | default dict -}}
+{{- $p := .Values.config.protobuf | default dict -}}
+{{- $format := $j.format | default "json" -}}
+{{- $outputFormat := $j.output_format | default "json" -}}
+{{- /* The binary needs urls in a [schema_registry] that exists: render it only with urls. */ -}}
+{{- $registry := and $r.urls true -}}
+{{- if and (not $registry) (or (ne $format "json") (ne $outputFormat "json")) -}}
+{{- fail "config.job.format or config.job.output_format is not json: set config.schema_registry.urls (the registry the records' schema ids refer to)" -}}
+{{- end -}}
+{{- if not $registry -}}
+{{- range $key := list "username" "ca_file" "request_timeout" "retry_for" "cache_schemas" -}}
+{{- $v := index $r $key -}}
+{{- if and (not (kindIs "invalid" $v)) (ne (toString $v) "") -}}
+{{- fail (printf "config.schema_registry.%s is set but config.schema_registry.urls is empty: set the urls too (or unset it)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if or $.Values.secret.schemaRegistryPassword $.Values.secret.schemaRegistryBearerToken -}}
+{{- fail "secret.schemaRegistryPassword/schemaRegistryBearerToken is set but config.schema_registry.urls is empty: the job would get a [schema_registry] without urls from the environment" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq $outputFormat "avro") (not $a.output_schema_file) -}}
+{{- fail "config.job.output_format is avro: set config.avro.output_schema_file (e.g. /etc/streamstate/schemas/output.avsc, from schemas)" -}}
+{{- end -}}
+{{- $avroKeep := and (hasKey $a "register_output_schema") (kindIs "bool" $a.register_output_schema) (not $a.register_output_schema) -}}
 # Rendered by the streamstate Helm chart from .Values.config. job.instance is set per pod
 # by STREAMSTATE__JOB__INSTANCE (the StatefulSet pod index).
 
@@ -165,6 +196,48 @@ timestamp = {{ include "streamstate.tomlString" $j.timestamp }}
 {{- with (index $j $key) }}
 {{ $key }} = {{ include "streamstate.tomlString" . }}
 {{- end }}
+{{- end }}
+{{- /* Only when not the default json: an image without these keys still loads the config. */}}
+{{- if ne $format "json" }}
+format = {{ include "streamstate.tomlString" $format }}
+{{- end }}
+{{- if ne $outputFormat "json" }}
+output_format = {{ include "streamstate.tomlString" $outputFormat }}
+{{- end }}
+{{- if $registry }}
+
+[schema_registry]
+urls = {{ include "streamstate.tomlStrings" $r.urls }}
+{{- range $key := list "username" "ca_file" "request_timeout" "retry_for" }}
+{{- with (index $r $key) }}
+{{ $key }} = {{ include "streamstate.tomlString" . }}
+{{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" $r.cache_schemas) }}
+cache_schemas = {{ int64 $r.cache_schemas }}
+{{- end }}
+{{- end }}
+{{- if or $a.reader_schema_file $a.output_schema_file $a.output_schema_files $avroKeep }}
+
+[avro]
+{{- range $key := list "reader_schema_file" "output_schema_file" }}
+{{- with (index $a $key) }}
+{{ $key }} = {{ include "streamstate.tomlString" . }}
+{{- end }}
+{{- end }}
+{{- if $avroKeep }}
+register_output_schema = false
+{{- end }}
+{{- with $a.output_schema_files }}
+
+[avro.output_schema_files]
+{{- include "streamstate.tomlProperties" . }}
+{{- end }}
+{{- end }}
+{{- with $p.message }}
+
+[protobuf]
+message = {{ include "streamstate.tomlString" . }}
 {{- end }}
 
 [state]
