@@ -185,6 +185,16 @@ fn dead_letters(job: &Job) -> BTreeMap<i64, Vec<String>> {
     out
 }
 
+/// What [`dead_letters`] must find for records produced in order to partition 0: each
+/// bad one's reason, once, at its offset.
+fn expected_dead_letters(inputs: &[(Vec<u8>, Option<&str>)]) -> BTreeMap<i64, Vec<String>> {
+    inputs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, r))| r.map(|r| (i as i64, vec![r.to_string()])))
+        .collect()
+}
+
 // ---------------------------------------------------------------- exactly once on Avro
 
 #[test]
@@ -257,11 +267,7 @@ fn each_bad_avro_record_is_dead_lettered_once_with_its_reason() {
     let mut service = job.spawn();
     wait_all_committed(&job, &mut service);
     service.sigkill();
-    let expected: BTreeMap<i64, Vec<String>> = inputs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (_, r))| r.map(|r| (i as i64, vec![r.to_string()])))
-        .collect();
+    let expected = expected_dead_letters(&inputs);
     assert_eq!(
         dead_letters(&job),
         expected,
@@ -613,11 +619,7 @@ fn protobuf_input_counts_every_event_once_and_dead_letters_what_it_cannot_read()
     let mut service = job.spawn();
     wait_all_committed(&job, &mut service);
     service.sigkill();
-    let expected: BTreeMap<i64, Vec<String>> = inputs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (_, r))| r.map(|r| (i as i64, vec![r.to_string()])))
-        .collect();
+    let expected = expected_dead_letters(&inputs);
     assert_eq!(dead_letters(&job), expected);
     let good: Vec<i64> = inputs
         .iter()

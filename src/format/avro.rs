@@ -62,18 +62,7 @@ impl AvroDecoder {
 
     /// A fetched writer schema, checked once: its verdict is cached with it.
     fn prepare(&self, id: u32, s: RegisteredSchema) -> Result<Schema, DecodeError> {
-        if !s.schema_type.eq_ignore_ascii_case("AVRO") {
-            return Err(DecodeError::SchemaMismatch(format!(
-                "schema id {id} is a {} schema and job.format is avro",
-                s.schema_type
-            )));
-        }
-        if !s.references.is_empty() {
-            return Err(DecodeError::UnsupportedSchema(format!(
-                "schema id {id} references other subjects, which streamstate does not resolve"
-            )));
-        }
-        let schema = Schema::parse_str(&s.schema).map_err(|e| {
+        let schema = Schema::parse_str(s.source_of(id, "AVRO", "avro")?).map_err(|e| {
             DecodeError::UnsupportedSchema(format!("schema id {id} does not parse: {e}"))
         })?;
         if let Some(reader) = &self.reader {

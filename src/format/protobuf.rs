@@ -113,22 +113,12 @@ fn message_at(
 
 /// One registered `.proto` source compiled to a descriptor.
 fn compile(id: u32, s: RegisteredSchema) -> Result<prost_reflect::FileDescriptor, DecodeError> {
-    if !s.schema_type.eq_ignore_ascii_case("PROTOBUF") {
-        return Err(DecodeError::SchemaMismatch(format!(
-            "schema id {id} is a {} schema and job.format is protobuf",
-            s.schema_type
-        )));
-    }
-    if !s.references.is_empty() {
-        return Err(DecodeError::UnsupportedSchema(format!(
-            "schema id {id} references other subjects, which streamstate does not resolve"
-        )));
-    }
+    let source = s.source_of(id, "PROTOBUF", "protobuf")?.to_string();
     let unsupported = |e: protox::Error| {
         DecodeError::UnsupportedSchema(format!("schema id {id} does not compile: {e}"))
     };
     let mut resolver = protox::file::ChainFileResolver::new();
-    resolver.add(Source(s.schema));
+    resolver.add(Source(source));
     resolver.add(protox::file::GoogleFileResolver::new());
     let mut compiler = protox::Compiler::with_file_resolver(resolver);
     compiler.open_file(FILE).map_err(unsupported)?;

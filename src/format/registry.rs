@@ -49,6 +49,31 @@ pub struct RegisteredSchema {
     pub references: Vec<serde_json::Value>,
 }
 
+impl RegisteredSchema {
+    /// The source text, if this is a `schema_type` schema without references (which
+    /// streamstate does not resolve); `format` names the job's format in the error.
+    pub fn source_of(
+        &self,
+        id: u32,
+        schema_type: &str,
+        format: &str,
+    ) -> Result<&str, crate::decode::DecodeError> {
+        use crate::decode::DecodeError;
+        if !self.schema_type.eq_ignore_ascii_case(schema_type) {
+            return Err(DecodeError::SchemaMismatch(format!(
+                "schema id {id} is a {} schema and job.format is {format}",
+                self.schema_type
+            )));
+        }
+        if !self.references.is_empty() {
+            return Err(DecodeError::UnsupportedSchema(format!(
+                "schema id {id} references other subjects, which streamstate does not resolve"
+            )));
+        }
+        Ok(&self.schema)
+    }
+}
+
 fn avro_type() -> String {
     "AVRO".into()
 }
