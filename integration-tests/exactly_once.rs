@@ -217,14 +217,17 @@ fn zombie_once(storage: Storage) {
         &[],
         &env_refs,
     );
-    // Progress as the replacement reports it: records consumed and checkpoints committed.
+    // Progress as the replacement reports it: records consumed and a checkpoint committed.
+    // One checkpoint, not two: by now the feeder has written all its input, so the
+    // replacement may read the whole rest in its first epoch, and the barriers after it
+    // find nothing changed and are skipped (CI run of 2026-12-03 waited 90 s for a second).
     let progressed = || {
         let Ok((200, text)) = http("GET", replacement_admin(&replacement_config), "/metrics")
         else {
             return false;
         };
         metric_sum(&text, "streamstate_records_consumed_total") >= 1_000.0
-            && metric_sum(&text, "streamstate_checkpoints_completed_total") >= 2.0
+            && metric_sum(&text, "streamstate_checkpoints_completed_total") >= 1.0
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     while !progressed() {
