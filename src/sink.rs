@@ -1,7 +1,7 @@
 //! The transactional Kafka producers: a pool, one transaction per checkpoint epoch.
 //!
 //! [`Sink`] is the pool as the job thread sees it (records go to the open epoch's
-//! producer); [`Producer`] is one member, whose begin, offsets, commit and abort the
+//! producer, behind the previous epoch's: [`Handover`]); [`Producer`] is one member, whose begin, offsets, commit and abort the
 //! commit protocol ([`crate::commit`]) drives.
 //!
 //! Errors are sorted the way librdkafka's transactional API asks: retriable ones (a
@@ -16,6 +16,7 @@
 //! checkpoint protocol unchanged, minus atomicity (a crash between the two replays the
 //! epoch). A record the producer gave up on ends the instance instead of being skipped.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use rdkafka::{ClientConfig, TopicPartitionList};
 use tracing::warn;
 
 use crate::checkpoint::CheckpointRef;
+use crate::commit::Handover;
 use crate::config::{Config, Guarantee};
 use crate::kafka_log::LogContext;
 use crate::source::{Offsets, offsets_for_commit};
@@ -65,6 +67,18 @@ pub enum SinkError {
 pub struct Sink {
     slots: Vec<Arc<Producer>>,
     current: usize,
+    /// The open epoch's records that wait for the previous epoch's producer.
+    handover: RefCell<Handover<Producer, Outgoing>>,
+}
+
+/// A record held back by the [`Handover`], owned until it is sent.
+pub struct Outgoing {
+    topic: String,
+    partition: Option<i32>,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    headers: Option<OwnedHeaders>,
+    timestamp_ms: Option<i64>,
 }
 
 impl Sink {
@@ -92,7 +106,11 @@ impl Sink {
                 Ok(Arc::new(p))
             })
             .collect::<Result<Vec<_>, SinkError>>()?;
-        Ok(Self { slots, current: 0 })
+        Ok(Self {
+            slots,
+            current: 0,
+            handover: RefCell::default(),
+        })
     }
 
     /// Fences transactional ids that are not in the pool (an earlier run's larger pool, or
@@ -129,14 +147,104 @@ impl Sink {
         &self.slots
     }
 
-    /// Records from now on go to `slot`'s producer (the open epoch's).
+    /// Records from now on go to `slot`'s producer (the open epoch's), after whatever the
+    /// previous epoch's producer still has queued.
     pub fn use_slot(&mut self, slot: usize) {
+        if slot != self.current {
+            let previous = self.slots[self.current].clone();
+            self.handover.get_mut().follow(previous);
+        }
         self.current = slot;
     }
 
     /// The open epoch's producer, which every record of the epoch goes to.
     pub fn producer(&self) -> &Producer {
         &self.slots[self.current]
+    }
+
+    /// Queues one record in the open epoch's transaction; see [`Producer::send`].
+    pub fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: Option<OwnedHeaders>,
+    ) -> Result<(), SinkError> {
+        if self.ready()? {
+            return self.producer().send(topic, key, payload, headers);
+        }
+        self.handover.borrow_mut().hold(Outgoing {
+            topic: topic.to_owned(),
+            partition: None,
+            key: key.map(<[u8]>::to_vec),
+            payload: payload.to_vec(),
+            headers,
+            timestamp_ms: None,
+        });
+        Ok(())
+    }
+
+    /// Queues one record for an explicit partition; see [`Producer::send_to_partition`].
+    pub fn send_to_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        payload: &[u8],
+        headers: OwnedHeaders,
+        timestamp_ms: Option<i64>,
+    ) -> Result<(), SinkError> {
+        if self.ready()? {
+            return self.producer().send_to_partition(
+                topic,
+                partition,
+                key,
+                payload,
+                headers,
+                timestamp_ms,
+            );
+        }
+        self.handover.borrow_mut().hold(Outgoing {
+            topic: topic.to_owned(),
+            partition: Some(partition),
+            key: Some(key.to_vec()),
+            payload: payload.to_vec(),
+            headers: Some(headers),
+            timestamp_ms,
+        });
+        Ok(())
+    }
+
+    /// Sends the held records once the producer ahead has delivered; the job loop calls
+    /// it between polls so held records do not wait for the next output.
+    pub fn pump(&self) -> Result<(), SinkError> {
+        self.ready().map(drop)
+    }
+
+    /// Records held behind the previous epoch's producer.
+    pub fn held(&self) -> usize {
+        self.handover.borrow().held()
+    }
+
+    /// Before the open epoch is sealed: every one of its records goes to its producer,
+    /// waiting for the previous epoch's producer only if that still has records queued.
+    pub fn release(&self) -> Result<(), SinkError> {
+        let producer = self.producer();
+        self.handover
+            .borrow_mut()
+            .release(|r| producer.send_outgoing(r))
+    }
+
+    /// The open epoch was aborted: what it held is dropped with it.
+    pub fn discard_held(&mut self) {
+        self.handover.get_mut().discard();
+    }
+
+    fn ready(&self) -> Result<bool, SinkError> {
+        let producer = self.producer();
+        self.handover
+            .borrow_mut()
+            .ready(|r| producer.send_outgoing(r))
     }
 }
 
@@ -296,6 +404,28 @@ impl Producer {
             record = record.timestamp(ts);
         }
         self.enqueue(record)
+    }
+
+    fn send_outgoing(&self, r: Outgoing) -> Result<(), SinkError> {
+        let mut record = BaseRecord::<[u8], [u8]>::to(&r.topic).payload(&r.payload);
+        if let Some(p) = r.partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = &r.key {
+            record = record.key(k);
+        }
+        if let Some(h) = r.headers {
+            record = record.headers(h);
+        }
+        if let Some(ts) = r.timestamp_ms {
+            record = record.timestamp(ts);
+        }
+        self.enqueue(record)
+    }
+
+    /// Records queued in librdkafka and not yet acknowledged (or failed).
+    pub fn queued(&self) -> usize {
+        usize::try_from(self.producer.in_flight_count()).unwrap_or(0)
     }
 
     fn enqueue(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), SinkError> {

@@ -67,6 +67,8 @@ fn commit<S: Slot>(
     remove_dir(&sealed.staging)?;
     let uploaded = Instant::now();
     crate::crash_point!("after-snapshot");
+    // The epoch's records were sealed still queued; a delivery that failed fails the commit.
+    w.slot.flush()?;
     w.slot.send_offsets(&sealed.offsets, &w.checkpoint)?;
     crate::crash_point!("before-commit");
     w.slot.commit()?;

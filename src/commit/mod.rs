@@ -22,6 +22,7 @@
 //! [`Slot`] and [`CheckpointStorage`] traits, so its orderings are unit-tested with fakes.
 
 mod committer;
+mod handover;
 #[cfg(test)]
 mod tests;
 
@@ -38,12 +39,16 @@ use crate::checkpoint::{CheckpointError, CheckpointRef, CheckpointStorage, Manif
 use crate::sink::SinkError;
 use crate::source::Offsets;
 
+pub use handover::Handover;
+
 /// One transactional producer of the pool, as the protocol uses it. The job thread
 /// begins and fills a slot's transaction; once sealed, only the committer touches it.
 pub trait Slot: Send + Sync + 'static {
     fn begin(&self, checkpoint: &CheckpointRef) -> Result<(), SinkError>;
     /// Waits until every record queued in the open transaction reached the broker.
     fn flush(&self) -> Result<(), SinkError>;
+    /// Records queued and not yet acknowledged by the broker.
+    fn queued(&self) -> usize;
     fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError>;
     fn commit(&self) -> Result<(), SinkError>;
     fn abort(&self) -> Result<(), SinkError>;
@@ -55,6 +60,9 @@ impl Slot for crate::sink::Producer {
     }
     fn flush(&self) -> Result<(), SinkError> {
         crate::sink::Producer::flush(self)
+    }
+    fn queued(&self) -> usize {
+        crate::sink::Producer::queued(self)
     }
     fn send_offsets(&self, offsets: &Offsets, checkpoint: &CheckpointRef) -> Result<(), SinkError> {
         crate::sink::Producer::send_offsets(self, offsets, checkpoint)
@@ -253,17 +261,12 @@ impl<S: Slot> Epochs<S> {
 
     /// Hands the open epoch to the committer. Its transaction takes no more records.
     ///
-    /// Its records are flushed first: the next epoch writes through another producer,
-    /// and without the flush that producer's batches could reach a partition before this
-    /// one's, reordering a key across the barrier (Flink's KafkaSink flushes at the
-    /// barrier for the same reason). On failure the epoch stays open for
-    /// [`Epochs::abort`].
+    /// Its records may still be on their way to the broker: the committer flushes them
+    /// before it commits, and the next epoch's records wait behind them in the sink's
+    /// [`Handover`], so a key keeps its order across the barrier without the job thread
+    /// waiting here.
     pub fn seal(&mut self, sealed: Sealed) -> Result<(), EpochError> {
-        let (checkpoint, slot) = self.open.clone().ok_or(EpochError::CommitterGone)?;
-        self.slots[slot]
-            .flush()
-            .map_err(|e| classify(checkpoint.clone(), CommitError::Sink(e)))?;
-        self.open = None;
+        let (checkpoint, slot) = self.open.take().ok_or(EpochError::CommitterGone)?;
         let work = Work {
             generation: self.generation,
             checkpoint: checkpoint.clone(),

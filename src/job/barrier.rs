@@ -23,7 +23,8 @@ pub(super) struct Pending {
     trigger: Trigger,
     started_ms: u64,
     pause: Duration,
-    /// The state snapshot's part of the pause (the rest is the producer flush).
+    /// The state snapshot's part of the pause (the rest is the wait for the previous
+    /// epoch's producer, when the seal has to: [`crate::commit::Handover`]).
     snapshot: Duration,
 }
 
@@ -78,6 +79,8 @@ impl Job {
             .iter()
             .any(|f| f.sha256.is_empty())
             .then(|| p.state.store().file_hashes());
+        // Records held behind the previous epoch's producer join their own transaction.
+        p.sink.release()?;
         self.epochs.seal(Sealed {
             manifest,
             staging,
@@ -87,7 +90,8 @@ impl Job {
         })?;
         let pause = started.elapsed();
         p.metrics.checkpoint_pause.observe(pause.as_secs_f64());
-        // The pause is the state snapshot plus the flush of the epoch's producer in `seal`.
+        // The pause is the state snapshot plus, rarely, the wait for the previous epoch's
+        // producer in `release` (phase "flush").
         for (phase, took) in [
             ("snapshot", snapshot),
             ("flush", pause.saturating_sub(snapshot)),

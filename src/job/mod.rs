@@ -202,6 +202,9 @@ impl Job {
             if let Err(e) = self.poll_commits() {
                 self.recover(e)?;
             }
+            if let Err(e) = self.pipeline.sink.pump() {
+                self.recover(e.into())?;
+            }
             if observed.elapsed() >= Duration::from_secs(1) {
                 self.observe();
                 observed = Instant::now();
@@ -229,7 +232,14 @@ impl Job {
                 due = (now + interval).max(Instant::now() + min_pause);
                 continue;
             }
-            let wait = (due - now).min(Duration::from_millis(100));
+            // Records held behind the previous epoch's producer go out soon after it
+            // delivered, even when no input arrives.
+            let poll_at_most = if self.pipeline.sink.held() > 0 {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(100)
+            };
+            let wait = (due - now).min(poll_at_most);
             let handled = match self.source.consumer().poll(wait) {
                 None => self.pipeline.fire_timers(),
                 Some(Ok(msg)) => {
@@ -346,6 +356,7 @@ impl Job {
             warn!(error = %cause, "aborting the open epochs and rewinding to the last committed checkpoint");
         }
         self.epochs.abort()?;
+        self.pipeline.sink.discard_held();
         self.record_completed();
         self.record_aborted(&cause);
         start::remove_staging(&self.pipeline.config)?;

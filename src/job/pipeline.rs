@@ -222,7 +222,7 @@ impl Pipeline {
         };
         let key_group =
             streamstate_state::key_group_for(key.as_bytes(), self.state.store().max_parallelism());
-        self.sink.producer().send_to_partition(
+        self.sink.send_to_partition(
             internal,
             key_group as i32,
             key.as_bytes(),
@@ -276,7 +276,6 @@ impl Pipeline {
     fn send_encoded(&self, records: Vec<(OutputRecord, String)>) -> Result<(), JobError> {
         for (r, topic) in records {
             self.sink
-                .producer()
                 .send(&topic, r.key.as_deref(), &r.value, None)?;
             self.metrics
                 .records_produced
@@ -291,7 +290,6 @@ impl Pipeline {
     fn pass_through(&self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
         let topic = &self.config.kafka.output_topic;
         self.sink
-            .producer()
             .send(topic, msg.key(), msg.payload().unwrap_or_default(), None)?;
         self.metrics
             .records_produced
@@ -342,7 +340,7 @@ impl Pipeline {
             value: Some(size.as_str()),
         });
         let payload = &payload[..payload.len().min(self.config.dead_letter_max_bytes())];
-        self.sink.producer().send(
+        self.sink.send(
             &self.config.kafka.dead_letter_topic,
             msg.key(),
             payload,
