@@ -374,14 +374,7 @@ impl Producer {
         payload: &[u8],
         headers: Option<OwnedHeaders>,
     ) -> Result<(), SinkError> {
-        let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(payload);
-        if let Some(k) = key {
-            record = record.key(k);
-        }
-        if let Some(h) = headers {
-            record = record.headers(h);
-        }
-        self.enqueue(record)
+        self.enqueue(record(topic, None, key, payload, headers, None))
     }
 
     /// Queues one record for an explicit partition with an explicit timestamp: repartition
@@ -395,32 +388,25 @@ impl Producer {
         headers: OwnedHeaders,
         timestamp_ms: Option<i64>,
     ) -> Result<(), SinkError> {
-        let mut record = BaseRecord::<[u8], [u8]>::to(topic)
-            .partition(partition)
-            .key(key)
-            .payload(payload)
-            .headers(headers);
-        if let Some(ts) = timestamp_ms {
-            record = record.timestamp(ts);
-        }
-        self.enqueue(record)
+        self.enqueue(record(
+            topic,
+            Some(partition),
+            Some(key),
+            payload,
+            Some(headers),
+            timestamp_ms,
+        ))
     }
 
     fn send_outgoing(&self, r: Outgoing) -> Result<(), SinkError> {
-        let mut record = BaseRecord::<[u8], [u8]>::to(&r.topic).payload(&r.payload);
-        if let Some(p) = r.partition {
-            record = record.partition(p);
-        }
-        if let Some(k) = &r.key {
-            record = record.key(k);
-        }
-        if let Some(h) = r.headers {
-            record = record.headers(h);
-        }
-        if let Some(ts) = r.timestamp_ms {
-            record = record.timestamp(ts);
-        }
-        self.enqueue(record)
+        self.enqueue(record(
+            &r.topic,
+            r.partition,
+            r.key.as_deref(),
+            &r.payload,
+            r.headers,
+            r.timestamp_ms,
+        ))
     }
 
     /// Records queued in librdkafka and not yet acknowledged (or failed).
@@ -642,4 +628,30 @@ fn is_retriable_commit(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::BrokerTransportFailure
             | RDKafkaErrorCode::RebalanceInProgress
     )
+}
+
+/// The one place a record for librdkafka is put together; `None` leaves a field to the
+/// producer (partitioner, no key, no headers, the current time).
+fn record<'a>(
+    topic: &'a str,
+    partition: Option<i32>,
+    key: Option<&'a [u8]>,
+    payload: &'a [u8],
+    headers: Option<OwnedHeaders>,
+    timestamp_ms: Option<i64>,
+) -> BaseRecord<'a, [u8], [u8]> {
+    let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(payload);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    if let Some(k) = key {
+        record = record.key(k);
+    }
+    if let Some(h) = headers {
+        record = record.headers(h);
+    }
+    if let Some(ts) = timestamp_ms {
+        record = record.timestamp(ts);
+    }
+    record
 }
