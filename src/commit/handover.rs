@@ -170,7 +170,11 @@ mod tests {
         send(&mut h, &mut sent, 4);
         assert_eq!(sent, vec![1, 2, 3, 4]);
         assert_eq!(h.held(), 0);
-        assert_eq!(ahead.flushes.load(Ordering::SeqCst), 0, "the job thread never waited");
+        assert_eq!(
+            ahead.flushes.load(Ordering::SeqCst),
+            0,
+            "the job thread never waited"
+        );
     }
 
     #[test]
@@ -222,7 +226,10 @@ mod tests {
         assert_eq!(h.held(), 1);
         h.discard();
         assert_eq!(h.held(), 0);
-        assert!(h.ready(|_| Ok(())).expect("ready"), "nothing ahead after a rewind");
+        assert!(
+            h.ready(|_| Ok(())).expect("ready"),
+            "nothing ahead after a rewind"
+        );
         assert!(sent.is_empty());
     }
 }

@@ -275,8 +275,7 @@ impl Pipeline {
 
     fn send_encoded(&self, records: Vec<(OutputRecord, String)>) -> Result<(), JobError> {
         for (r, topic) in records {
-            self.sink
-                .send(&topic, r.key.as_deref(), &r.value, None)?;
+            self.sink.send(&topic, r.key.as_deref(), &r.value, None)?;
             self.metrics
                 .records_produced
                 .with_label_values(&[topic.as_str()])
