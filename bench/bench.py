@@ -863,9 +863,9 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                   f"S-EO on {where} until its checkpoints reached the largest size of the state sweep "
                   "(or half the input; at most 90% of it), SIGKILLed, then restarted (checkpoint storage on the "
                   "local file system). Checkpoint sizes and durations are every checkpoint's own, from the "
-                  "contender's log. The job thread pauses only for the state snapshot (memtable flush, hard links, "
-                  "operator state) and the flush of the epoch's producer; upload and commit run on the committer "
-                  "thread while the next epoch is processed.", ""]
+                  "contender's log. The job thread pauses only for the state snapshot (a RocksDB memtable switch and the "
+                  "operator state) and, rarely, the previous epoch's producer; the memtable flush, hard links, "
+                  "upload and commit run off it while the next epoch is processed.", ""]
         if "error" in r:
             lines += [f"error: {r['error']}", ""]
         else:

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use streamstate_state::{OperatorListState, SnapshotResult, StateStore, TimeDomain};
+use streamstate_state::{
+    DeferredSnapshot, OperatorListState, SnapshotResult, StateStore, TimeDomain,
+};
 
 use crate::function::{
     BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext,
@@ -306,13 +308,14 @@ impl Driver {
         Ok(self.store.snapshot(checkpoint_id, dir)?)
     }
 
-    /// [`Driver::snapshot`] for the checkpoint barrier: hashes of new SST files are left
-    /// for the uploader to fill in ([`StateStore::file_hashes`]), off the job thread.
+    /// [`Driver::snapshot`] for the checkpoint barrier: the RocksDB flush and links and
+    /// the hashes of new SST files are left to the returned part, for the uploader to
+    /// complete off the job thread ([`StateStore::snapshot_deferred`]).
     pub fn snapshot_deferred(
         &mut self,
         checkpoint_id: u64,
         dir: &Path,
-    ) -> Result<SnapshotResult, FunctionError> {
+    ) -> Result<(SnapshotResult, Option<DeferredSnapshot>), FunctionError> {
         self.prepare_snapshot(checkpoint_id)?;
         Ok(self.store.snapshot_deferred(checkpoint_id, dir)?)
     }

@@ -18,9 +18,10 @@ pub struct Metrics {
     pub records_dead_lettered: IntCounterVec,
     pub checkpoints_completed: IntCounter,
     pub checkpoint_duration: Histogram,
-    /// Where a checkpoint's time goes: `snapshot` (memtable flush and hard links, the
-    /// part that grows with the write rate), `upload` (new files into checkpoint
-    /// storage, synced), `commit` (offsets into the transaction and its commit).
+    /// Where a checkpoint's time goes: `snapshot` (RocksDB's memtable switch and the
+    /// operator state, on the job thread), `upload` (the memtable flush and hard links,
+    /// the part that grows with the write rate, then new files into checkpoint storage,
+    /// synced), `commit` (offsets into the transaction and its commit).
     pub checkpoint_phase_duration: prometheus::HistogramVec,
     pub last_checkpoint_bytes: IntGauge,
     pub last_checkpoint_completed_timestamp: IntGauge,

@@ -59,8 +59,8 @@ fn commit<S: Slot>(
 ) -> Result<Committed, CommitError> {
     let started = Instant::now();
     let sealed = &mut w.sealed;
-    if let Some(hashes) = &sealed.hashes {
-        hashes.complete(&sealed.staging, &mut sealed.manifest.state.files)?;
+    if let Some(rest) = sealed.rest.take() {
+        rest.complete(&mut sealed.manifest.state)?;
     }
     crate::crash_point!("during-upload");
     let written = storage.write(&sealed.manifest, &sealed.staging)?;

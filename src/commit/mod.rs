@@ -33,7 +33,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use streamstate_state::FileHashes;
+use streamstate_state::DeferredSnapshot;
 
 use crate::checkpoint::{CheckpointError, CheckpointRef, CheckpointStorage, Manifest, WriteStats};
 use crate::sink::SinkError;
@@ -77,13 +77,14 @@ impl Slot for crate::sink::Producer {
 
 /// An epoch at its barrier: the local snapshot and what its commit will declare.
 pub struct Sealed {
-    /// The manifest as it will be stored; file hashes the snapshot deferred are filled
-    /// in by the committer (`hashes`).
+    /// The manifest as it will be stored; the files the snapshot deferred are added by
+    /// the committer (`rest`).
     pub manifest: Manifest,
     /// The local snapshot (hard links), removed once uploaded.
     pub staging: PathBuf,
-    /// Completes the hashes the snapshot left empty; `None` when it left none.
-    pub hashes: Option<FileHashes>,
+    /// The rest of the state snapshot (RocksDB's flush and links, new SSTs' hashes);
+    /// `None` when it was whole at the barrier.
+    pub rest: Option<DeferredSnapshot>,
     /// Input offsets the commit sends into the epoch's transaction.
     pub offsets: Offsets,
     /// When the barrier began, for the end-to-end checkpoint duration.

@@ -245,7 +245,7 @@ impl Rig {
                 state: crate::checkpoint::suite::manifest(&chk(id), &staging, &[]).state,
             },
             staging,
-            hashes: None,
+            rest: None,
             offsets,
             barrier_at: Instant::now(),
         }

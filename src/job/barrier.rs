@@ -1,8 +1,9 @@
 //! The checkpoint barrier on the job thread, and what a resolved checkpoint records.
 //!
 //! At the barrier the loop takes only the synchronous part of a checkpoint: the function's
-//! snapshot hook and the store's local snapshot (a memtable flush and hard links for
-//! RocksDB; hashes of new SST files are left to the committer), plus a copy of the offsets.
+//! snapshot hook and the store's local snapshot (for RocksDB a memtable switch; its flush,
+//! the hard links and the hashes of new SST files are left to the committer), plus a copy
+//! of the offsets.
 //! [`crate::commit`] uploads and commits it in the background. What the job thread paused
 //! for is `streamstate_checkpoint_pause_seconds`.
 
@@ -60,7 +61,7 @@ impl Job {
             p.config.job.instance, checkpoint.id
         ));
         remove_dir(&staging)?;
-        let state = p.state.snapshot_deferred(checkpoint.id, &staging)?;
+        let (state, rest) = p.state.snapshot_deferred(checkpoint.id, &staging)?;
         let snapshot = started.elapsed();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
@@ -73,18 +74,12 @@ impl Job {
             producer_pool_size: Some(p.config.checkpoint.producer_pool_size),
             state,
         };
-        let hashes = manifest
-            .state
-            .files
-            .iter()
-            .any(|f| f.sha256.is_empty())
-            .then(|| p.state.store().file_hashes());
         // Records held behind the previous epoch's producer join their own transaction.
         p.sink.release()?;
         self.epochs.seal(Sealed {
             manifest,
             staging,
-            hashes,
+            rest,
             offsets: p.offsets.clone(),
             barrier_at: started,
         })?;

@@ -78,6 +78,7 @@ fn s_like(
     )?;
     let ks = self::keys(keys);
     let mut barrier = Vec::with_capacity(epochs as usize);
+    let mut completing: Option<std::thread::JoinHandle<Result<()>>> = None;
     let t = Instant::now();
     let mut event = 0u64;
     for epoch in 0..epochs {
@@ -100,13 +101,28 @@ fn s_like(
             }
             event += 1;
         }
+        // The barrier is what the job thread pauses for; the rest completes on another
+        // thread while the next epoch runs, as the service's committer does.
         let b = Instant::now();
         let chk = dir.join(format!("chk-{epoch}"));
-        store.snapshot(epoch, &chk)?;
+        let (mut result, rest) = store.snapshot_deferred(epoch, &chk)?;
         barrier.push(b.elapsed().as_secs_f64() * 1e3);
-        if epoch > 0 {
-            let _ = std::fs::remove_dir_all(dir.join(format!("chk-{}", epoch - 1)));
+        if let Some(previous) = completing.take() {
+            previous.join().expect("completing thread")?;
         }
+        let old = (epoch > 0).then(|| dir.join(format!("chk-{}", epoch - 1)));
+        completing = Some(std::thread::spawn(move || -> Result<()> {
+            if let Some(rest) = rest {
+                rest.complete(&mut result)?;
+            }
+            if let Some(old) = old {
+                let _ = std::fs::remove_dir_all(old);
+            }
+            Ok(())
+        }));
+    }
+    if let Some(last) = completing.take() {
+        last.join().expect("completing thread")?;
     }
     let secs = t.elapsed().as_secs_f64();
     let stats = store.cache_stats();

@@ -36,11 +36,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendKind, BatchOp, KvBackend};
+use crate::backend::{BackendKind, BatchOp, KvBackend, PendingSnapshot};
 use crate::error::Result;
 
 /// The suggested capacity when the cache is turned on, 64 MiB: room for about half a million small entries
@@ -519,7 +519,7 @@ impl KvBackend for CachedBackend {
         self.inner.compact()
     }
 
-    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
         self.write_back()?;
         self.inner.native_snapshot(dir)
     }
@@ -599,7 +599,7 @@ mod tests {
         fn compact(&mut self) -> Result<()> {
             Ok(())
         }
-        fn native_snapshot(&mut self, _dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+        fn native_snapshot(&mut self, _dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
             self.calls.lock().push(Call::Snapshot);
             Ok(None)
         }

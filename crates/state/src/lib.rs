@@ -110,7 +110,7 @@ pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue
 pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
-pub use snapshot::{FileHashes, KeyedFormat, SnapshotFile, SnapshotResult};
+pub use snapshot::{DeferredSnapshot, KeyedFormat, SnapshotFile, SnapshotResult};
 pub use store::{StateMeta, StateStore, StoreConfig, default_cache_bytes_for};
 pub use timers::{TimeDomain, Timer};
 pub use ttl::{CleanupStrategies, StateVisibility, TtlConfig, UpdateType};

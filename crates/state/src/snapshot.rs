@@ -153,7 +153,7 @@ fn is_sst(name: &str) -> bool {
 /// size seen before need no second read). Shared: the job thread snapshots, the uploader
 /// completes deferred hashes, and both feed the same cache.
 #[derive(Clone, Default)]
-pub struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
+pub(crate) struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
 
 impl FileHashes {
     fn cached(&self, name: &str, full: &Path) -> Result<Option<SnapshotFile>> {
@@ -181,21 +181,17 @@ impl FileHashes {
         })
     }
 
-    /// Fills in every hash a deferred snapshot left empty, reading the files under `dir`.
-    pub fn complete(&self, dir: &Path, files: &mut [SnapshotFile]) -> Result<()> {
-        for f in files.iter_mut().filter(|f| f.sha256.is_empty()) {
-            let full = dir.join(&f.path);
-            *f = self.hash(f.path.clone(), &full)?;
-        }
-        Ok(())
-    }
-
     pub fn clear(&self) {
         self.0.lock().clear();
     }
 }
 
-fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<SnapshotFile> {
+/// Writes a file and hashes it on the way; `sync` when the file is durable where it lies.
+fn write_hashed(
+    path: &Path,
+    sync: bool,
+    f: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<SnapshotFile> {
     let file = File::create(path).at(path)?;
     let mut w = HashingWriter {
         inner: BufWriter::with_capacity(1 << 20, file),
@@ -213,7 +209,9 @@ fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Re
         path: path.to_path_buf(),
         source: e.into_error(),
     })?;
-    file.sync_all().at(path)?;
+    if sync {
+        file.sync_all().at(path)?;
+    }
     Ok(SnapshotFile {
         path: String::new(),
         size,
@@ -224,7 +222,7 @@ fn write_hashed(path: &Path, f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Re
 impl Inner {
     /// Writes keyed state and timers of the owned range in the canonical
     /// format, leaving out entries expired under a full-snapshot cleanup.
-    fn write_canonical(&mut self, path: &Path) -> Result<SnapshotFile> {
+    fn write_canonical(&mut self, path: &Path, sync: bool) -> Result<SnapshotFile> {
         let (start, end) = layout::key_group_bounds(
             self.config.key_group_range.start,
             self.config.key_group_range.end,
@@ -232,7 +230,7 @@ impl Inner {
         let now = self.clock.now_ms();
         let by_id = self.by_id.clone();
         let backend = &mut self.backend;
-        write_hashed(path, |w| {
+        write_hashed(path, sync, |w| {
             w.write_all(MAGIC).at(path)?;
             w.write_all(&FORMAT_VERSION.to_le_bytes()).at(path)?;
             let mut count = 0u64;
@@ -331,7 +329,7 @@ impl Inner {
         dir: &Path,
         canonical: bool,
         defer: bool,
-    ) -> Result<SnapshotResult> {
+    ) -> Result<(SnapshotResult, Option<DeferredSnapshot>)> {
         std::fs::create_dir_all(dir).at(dir)?;
         // The barrier: the state cache's dirty entries go into the backend,
         // in key order and as one batch, before the backend is snapshotted.
@@ -342,43 +340,24 @@ impl Inner {
         } else {
             self.backend.native_snapshot(dir)?
         };
-        let keyed_format = match native {
-            Some(paths) => {
-                for rel in paths {
-                    let name = rel.to_string_lossy().replace('\\', "/");
-                    let full = dir.join(&rel);
-                    files.push(match self.sha_cache.cached(&name, &full)? {
-                        Some(f) => f,
-                        // Every file in a checkpoint directory stays as it is (SSTs are
-                        // links to immutable files, the rest are copies), so its hash can
-                        // wait for the uploader (FileHashes::complete) instead of holding
-                        // the job thread.
-                        None if defer => SnapshotFile {
-                            path: name,
-                            size: std::fs::metadata(&full).at(&full)?.len(),
-                            sha256: String::new(),
-                        },
-                        None => self.sha_cache.hash(name, &full)?,
-                    });
-                }
-                KeyedFormat::RocksdbCheckpoint
-            }
-            None => {
-                let mut f = self.write_canonical(&dir.join(KEYED_FILE))?;
-                f.path = KEYED_FILE.into();
-                files.push(f);
-                KeyedFormat::Canonical
-            }
+        let keyed_format = if native.is_some() {
+            KeyedFormat::RocksdbCheckpoint
+        } else {
+            let mut f = self.write_canonical(&dir.join(KEYED_FILE), !defer)?;
+            f.path = KEYED_FILE.into();
+            files.push(f);
+            KeyedFormat::Canonical
         };
         let meta = self.meta_file(checkpoint_id, keyed_format);
         let meta_path = dir.join(META_FILE);
-        let mut mf = write_hashed(&meta_path, |w| {
+        // A deferred snapshot is staging for the uploader, which copies and syncs it.
+        let mut mf = write_hashed(&meta_path, !defer, |w| {
             serde_json::to_writer_pretty(&mut *w, &meta)
                 .map_err(|e| StateError::Invalid(e.to_string()))
         })?;
         mf.path = META_FILE.into();
         files.push(mf);
-        Ok(SnapshotResult {
+        let mut result = SnapshotResult {
             format_version: FORMAT_VERSION,
             checkpoint_id,
             backend: self.config.backend,
@@ -388,7 +367,48 @@ impl Inner {
             instance_index: self.config.instance_index,
             instance_count: self.config.instance_count,
             files,
-        })
+        };
+        let rest = native.map(|pending| DeferredSnapshot {
+            dir: dir.to_path_buf(),
+            pending,
+            hashes: self.sha_cache.clone(),
+        });
+        match rest {
+            Some(rest) if !defer => {
+                rest.complete(&mut result)?;
+                Ok((result, None))
+            }
+            rest => Ok((result, rest)),
+        }
+    }
+}
+
+/// What a checkpoint's snapshot leaves for after the barrier: the backend's files (a
+/// RocksDB checkpoint, linked once the barrier's memtables are flushed) and the hashes of
+/// those not seen before. Dropping it abandons the snapshot once the backend's part has
+/// ended (one memtable flush), so its directory can be removed.
+pub struct DeferredSnapshot {
+    dir: PathBuf,
+    pending: Box<dyn crate::backend::PendingSnapshot>,
+    hashes: FileHashes,
+}
+
+impl DeferredSnapshot {
+    /// Waits for the backend's files and puts them, hashed, at the front of
+    /// `result.files`. Hashes of SSTs seen before come from the store's cache; the others
+    /// are read here, so this belongs off the job thread.
+    pub fn complete(self, result: &mut SnapshotResult) -> Result<()> {
+        let mut native = Vec::new();
+        for rel in self.pending.finish()? {
+            let name = rel.to_string_lossy().replace('\\', "/");
+            let full = self.dir.join(&rel);
+            native.push(match self.hashes.cached(&name, &full)? {
+                Some(f) => f,
+                None => self.hashes.hash(name, &full)?,
+            });
+        }
+        result.files.splice(0..0, native);
+        Ok(())
     }
 }
 
@@ -540,32 +560,30 @@ impl StateStore {
     /// rocksdb: a checkpoint (hard links) plus `state-meta.json`;
     /// hashmap: `keyed.bin` plus `state-meta.json`.
     pub fn snapshot(&self, checkpoint_id: u64, target_dir: &Path) -> Result<SnapshotResult> {
-        self.lock()
-            .snapshot_into(checkpoint_id, target_dir, false, false)
+        Ok(self
+            .lock()
+            .snapshot_into(checkpoint_id, target_dir, false, false)?
+            .0)
     }
 
-    /// [`StateStore::snapshot`] without hashing the SST files not seen before: their
-    /// `sha256` is left empty for [`FileHashes::complete`] (from [`StateStore::file_hashes`])
-    /// to fill in off the job thread. RocksDB checkpoints are hard links of immutable
-    /// files, so what is hashed later is what was snapshotted now.
+    /// [`StateStore::snapshot`] for a checkpoint barrier: returns once the snapshot is
+    /// fixed (for RocksDB, once the memtable is switched: later writes are not in it),
+    /// with what is left to do — the RocksDB flush and links, and hashing the new SSTs —
+    /// in the [`DeferredSnapshot`], to complete off the job thread. Files written here
+    /// are staging for an uploader and are not synced.
     pub fn snapshot_deferred(
         &self,
         checkpoint_id: u64,
         target_dir: &Path,
-    ) -> Result<SnapshotResult> {
+    ) -> Result<(SnapshotResult, Option<DeferredSnapshot>)> {
         self.lock()
             .snapshot_into(checkpoint_id, target_dir, false, true)
-    }
-
-    /// The store's cache of SST hashes, shared with whoever completes deferred snapshots.
-    pub fn file_hashes(&self) -> FileHashes {
-        self.lock().sha_cache.clone()
     }
 
     /// Writes a savepoint in the canonical, backend-neutral format, with
     /// `savepoint.json` describing it.
     pub fn write_savepoint(&self, savepoint_id: u64, dir: &Path) -> Result<SnapshotResult> {
-        let result = self.lock().snapshot_into(savepoint_id, dir, true, false)?;
+        let (result, _) = self.lock().snapshot_into(savepoint_id, dir, true, false)?;
         let path = dir.join(SAVEPOINT_MANIFEST);
         let json =
             serde_json::to_vec_pretty(&result).map_err(|e| StateError::Invalid(e.to_string()))?;

@@ -4,9 +4,9 @@
 //! serialization per access instead of Flink's live objects.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::{BackendKind, KvBackend};
+use super::{BackendKind, KvBackend, PendingSnapshot};
 use crate::error::Result;
 
 #[derive(Default)]
@@ -89,7 +89,7 @@ impl KvBackend for HeapBackend {
         Ok(())
     }
 
-    fn native_snapshot(&mut self, _dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+    fn native_snapshot(&mut self, _dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
         Ok(None)
     }
 

@@ -46,6 +46,12 @@ pub enum BatchOp<'a> {
     Append(&'a [u8]),
 }
 
+/// The part of a native snapshot that may run after the barrier, on another thread.
+pub trait PendingSnapshot: Send {
+    /// Waits for the snapshot's files and returns them, relative to its directory.
+    fn finish(self: Box<Self>) -> Result<Vec<PathBuf>>;
+}
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
@@ -85,10 +91,11 @@ pub trait KvBackend: Send {
     fn flush(&mut self) -> Result<()>;
     /// Runs compaction (and with it the TTL compaction filter) where there is one.
     fn compact(&mut self) -> Result<()>;
-    /// Writes the backend's native incremental snapshot into `dir` and returns
-    /// the written files relative to `dir`; `None` means "no native format,
-    /// write the full canonical format".
-    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>>;
+    /// Starts the backend's native incremental snapshot into `dir`: what must
+    /// happen at the barrier happens before this returns, the rest (the files)
+    /// when the returned part finishes. Writes made after this call are not in
+    /// it. `None` means "no native format, write the full canonical format".
+    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>>;
     fn approximate_len(&mut self) -> Result<u64>;
     /// Approximate bytes of live state (for metrics).
     fn approximate_size_bytes(&mut self) -> Result<u64> {

@@ -2,17 +2,20 @@
 //! is off because durability comes from checkpoints, as in Flink; snapshots
 //! are RocksDB checkpoints (hard links to immutable SST files), so the
 //! checkpoint store only copies SSTs it has not seen: incremental snapshots.
+//! A snapshot's flush and links run off the caller's thread ([`snapshot`]).
+
+mod snapshot;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use rocksdb::checkpoint::Checkpoint;
 use rocksdb::compaction_filter::Decision;
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteOptions};
 
-use super::{BackendKind, BatchOp, KvBackend};
+use self::snapshot::{Gate, WRITE_BUFFER_BYTES};
+use super::{BackendKind, BatchOp, KvBackend, PendingSnapshot};
 use crate::clock::Clock;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result};
@@ -24,9 +27,11 @@ use crate::ttl::{TtlConfig, read_ts};
 pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (StateKind, TtlConfig)>>>;
 
 pub struct RocksBackend {
-    db: DB,
+    /// Shared with a checkpoint's background part while it links files.
+    db: Arc<DB>,
     path: PathBuf,
     write: WriteOptions,
+    gate: Arc<Gate>,
 }
 
 fn concat_merge(
@@ -83,6 +88,9 @@ pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Opt
     opts.create_if_missing(true);
     opts.set_merge_operator_associative("streamstate-list-concat", concat_merge);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Room for the barrier's memtables to flush while the next epoch writes (snapshot.rs).
+    opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
+    opts.set_max_write_buffer_number(4);
     // Bloom filters (10 bits per key, ~1% false positives): most state reads miss — a
     // dedup of a new event id, the first event of a key — and every checkpoint flushes
     // the memtable into one more level-0 file, so without a filter a miss searches the
@@ -115,9 +123,10 @@ impl RocksBackend {
         let mut write = WriteOptions::default();
         write.disable_wal(true);
         Ok(Self {
-            db,
+            db: Arc::new(db),
             path: path.to_path_buf(),
             write,
+            gate: Arc::default(),
         })
     }
 
@@ -150,6 +159,14 @@ impl RocksBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+impl Drop for RocksBackend {
+    /// Waits for a checkpoint's background part, so the database closes here, before
+    /// a restore removes its directory.
+    fn drop(&mut self) {
+        self.gate.wait_open();
     }
 }
 
@@ -194,14 +211,17 @@ impl KvBackend for RocksBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.gate.guard(&self.db, key.len() + value.len())?;
         Ok(self.db.put_opt(key, value, &self.write)?)
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.gate.guard(&self.db, key.len())?;
         Ok(self.db.delete_opt(key, &self.write)?)
     }
 
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()> {
+        self.gate.guard(&self.db, key.len() + bytes.len())?;
         Ok(self.db.merge_opt(key, bytes, &self.write)?)
     }
 
@@ -235,6 +255,7 @@ impl KvBackend for RocksBackend {
         for (k, v) in entries {
             batch.put(k, v);
         }
+        self.gate.guard(&self.db, batch.size_in_bytes())?;
         Ok(self.db.write_opt(batch, &self.write)?)
     }
 
@@ -247,34 +268,24 @@ impl KvBackend for RocksBackend {
                 BatchOp::Append(a) => batch.merge(k, a),
             }
         }
+        self.gate.guard(&self.db, batch.size_in_bytes())?;
         Ok(self.db.write_opt(batch, &self.write)?)
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.gate.wait_open();
         Ok(self.db.flush()?)
     }
 
     fn compact(&mut self) -> Result<()> {
+        self.gate.wait_open();
         self.db.flush()?;
         self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
         Ok(())
     }
 
-    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Vec<PathBuf>>> {
-        let target = dir.join("db");
-        if target.exists() {
-            std::fs::remove_dir_all(&target).at(&target)?;
-        }
-        Checkpoint::new(&self.db)?.create_checkpoint(&target)?;
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(&target).at(&target)? {
-            let entry = entry.at(&target)?;
-            if entry.file_type().at(entry.path())?.is_file() {
-                files.push(PathBuf::from("db").join(entry.file_name()));
-            }
-        }
-        files.sort();
-        Ok(Some(files))
+    fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
+        snapshot::begin(&self.db, &self.gate, dir).map(Some)
     }
 
     fn approximate_len(&mut self) -> Result<u64> {
