@@ -210,7 +210,9 @@ def contenders(a, workload="S", interval=None):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
                                      rules_topic=rules or rules_topic, event_time=event_time, avro=avro)
-            return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn"}
+            # One INFO line per checkpoint (its phases), so every run's log can say where
+            # its checkpoints' time went.
+            return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn,streamstate::job=info"}
         return launch
 
     table = {}
@@ -672,6 +674,14 @@ def run_latency(a, name, spec, load, max_eps):
         stop(proc, logf)
         drop_state(run_dir)
         drop_topics(a.bootstrap, app)
+    # streamstate's own account of where the latency went: its checkpoints' durations.
+    checkpoints = logged_checkpoints(run_dir / "contender.log")
+    if checkpoints:
+        result["checkpoints"] = len(checkpoints)
+        for field, i in (("checkpoint", 2), ("pause", 3), ("upload", 6), ("commit", 7)):
+            values = [c[i] for c in checkpoints if c[i] is not None]
+            for q, tag in ((0.5, "p50"), (0.99, "p99")):
+                result[f"{field}_{tag}_ms"] = exact_quantile(values, q)
     log(json.dumps(result))
     return result
 
@@ -854,6 +864,18 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['rate']:,} | {l.get('records', 0):,} | "
                              f"{fmt(l.get('p50_ms'))} | {fmt(l.get('p99_ms'))} | {fmt(l.get('p999_ms'))} | {fmt(l.get('max_ms'))} |")
         lines.append("")
+        logged = [l for l in latencies if l.get("checkpoints")]
+        if logged:
+            lines += ["streamstate's checkpoints during those runs (its log): barrier to commit, the "
+                      "job-thread pause, the upload (RocksDB flush and links, hashes, synced copies) and "
+                      "the commit, p50 / p99 in ms.", "",
+                      "| contender | load | checkpoints | barrier to commit | pause | upload | commit |",
+                      "|---|---|---|---|---|---|---|"]
+            for l in logged:
+                cell = lambda f: f"{fmt(l.get(f + '_p50_ms'))} / {fmt(l.get(f + '_p99_ms'))}"  # noqa: E731
+                lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['checkpoints']:,} | {cell('checkpoint')} | "
+                             f"{cell('pause')} | {cell('upload')} | {cell('commit')} |")
+            lines.append("")
     if recovery:
         r = recovery
         mb = lambda v: "n/a" if v is None else f"{v / 1e6:,.1f} MB"  # noqa: E731
