@@ -116,13 +116,16 @@ pub(crate) fn begin(
     let spawned = std::thread::Builder::new()
         .name("rocksdb-checkpoint".into())
         .spawn(move || {
+            // Opens the gate however this thread ends, a panic included: a gate left
+            // closed would hold the job thread at its next barrier for ever.
+            let opens = OpenOnDrop(opened);
             #[cfg(test)]
-            std::thread::sleep(*opened.link_delay.lock());
+            std::thread::sleep(*opens.0.link_delay.lock());
             let linked = link(&db, &target);
             // Let go of the database first: whoever waits for the gate may then close
             // it and remove its directory.
             drop(db);
-            opened.open();
+            drop(opens);
             linked
         });
     match spawned {
@@ -134,6 +137,14 @@ pub(crate) fn begin(
                 source: e,
             })
         }
+    }
+}
+
+struct OpenOnDrop(Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
     }
 }
 
