@@ -21,11 +21,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rocksdb::checkpoint::Checkpoint;
-use rocksdb::{DB, FlushOptions};
+use rocksdb::{DB, FlushOptions, WriteBatch, WriteOptions};
 
 use crate::backend::PendingSnapshot;
 use crate::error::{IoContext, Result, StateError};
@@ -40,6 +40,10 @@ const GUARD_EVERY_BYTES: usize = 64 << 10;
 
 /// How often the background part looks whether the barrier's memtables are flushed.
 const POLL: Duration = Duration::from_millis(1);
+
+/// How long a flush that RocksDB retries after an error that did not stop writes may take
+/// before the checkpoint fails.
+const FLUSH_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// Closed while a checkpoint's background part has not linked its files yet.
 #[derive(Default)]
@@ -150,16 +154,27 @@ impl Drop for OpenOnDrop {
 
 /// Waits for the barrier's memtables to be flushed, then links the live files.
 fn link(db: &DB, target: &Path) -> Result<Vec<PathBuf>> {
-    loop {
-        let int = |name: &str| -> Result<u64> { Ok(db.property_int_value(name)?.unwrap_or(0)) };
-        if int("rocksdb.background-errors")? > 0 {
-            return Err(StateError::Invalid(
-                "RocksDB reported a background error while flushing for a checkpoint (see its LOG)"
-                    .into(),
-            ));
+    let int = |name: &str| -> Result<u64> { Ok(db.property_int_value(name)?.unwrap_or(0)) };
+    // The count is cumulative: only errors after this point are this flush's.
+    let errors_before = int("rocksdb.background-errors")?;
+    let mut failing_since: Option<Instant> = None;
+    while int("rocksdb.num-immutable-mem-table")? > 0 {
+        let errors = int("rocksdb.background-errors")?;
+        if errors > 0 {
+            // A database that stopped writes after a failed flush (a full disk, say) gives
+            // its cause to the next write: an empty batch adds nothing and returns it, so
+            // the runtime sees "No space left on device" and not a generic failure.
+            let mut no_wal = WriteOptions::default();
+            no_wal.disable_wal(true);
+            db.write_opt(WriteBatch::default(), &no_wal)?;
         }
-        if int("rocksdb.num-immutable-mem-table")? == 0 {
-            break;
+        if errors > errors_before {
+            let since = *failing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > FLUSH_RETRY_FOR {
+                return Err(StateError::Invalid(format!(
+                    "RocksDB's flush for a checkpoint kept failing for {FLUSH_RETRY_FOR:?} (see its LOG)"
+                )));
+            }
         }
         std::thread::sleep(POLL);
     }
