@@ -276,7 +276,13 @@ impl<S: Slot> Epochs<S> {
         };
         self.in_flight.push_back((checkpoint, slot));
         let sender = self.work.as_ref().ok_or(EpochError::CommitterGone)?;
-        sender.send(work).map_err(|_| EpochError::CommitterGone)
+        if sender.send(work).is_err() {
+            // The committer ends after a fatal outcome (a fenced producer), which it
+            // reported first: that is the cause to return, not "gone".
+            self.drain()?;
+            return Err(EpochError::CommitterGone);
+        }
+        Ok(())
     }
 
     /// What the committer reported since the last call, without waiting. A failure is
