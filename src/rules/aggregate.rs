@@ -233,13 +233,18 @@ pub(crate) fn on_event(
     let group = group.as_ref();
     match a.window {
         WindowSpec::Running => {
-            env.set_namespace(&namespace(&rule.id, rule.version, window::RUNNING, None));
-            let mut acc = st.run_acc.value()?.unwrap_or_default();
-            let new = add_distinct(&st.run_distinct, &input, None)?;
+            let new = match input {
+                Input::Distinct(_) => {
+                    env.set_namespace(&namespace(&rule.id, rule.version, window::RUNNING, None));
+                    add_distinct(&st.run_distinct, &input, None)?
+                }
+                _ => false,
+            };
+            // Written back once per event, with the key's other running rules.
+            let acc = st.running.acc(rule)?;
             acc.add(input.number(), new);
             let value = acc.value(a.func);
-            let fire = per_event(a, &mut acc, &value, false);
-            st.run_acc.update(&acc)?;
+            let fire = per_event(a, acc, &value, false);
             if fire {
                 let r = record(
                     rule,
@@ -248,7 +253,7 @@ pub(crate) fn on_event(
                     None,
                     Some(ev.source),
                     ev.timestamp_ms,
-                    extra(a, &acc, "event"),
+                    extra(a, acc, "event"),
                 );
                 env.emit(out, rule, ev.key, &r)?;
             }

@@ -5,6 +5,7 @@
 //! | [`spec`] | rule language v1: serde shape, validation, reason labels |
 //! | [`predicate`] | filters, steps, `having`: compiled predicates and JSON pointers |
 //! | [`aggregate`] | accumulators and aggregate rules (running, tumbling, sliding, session, compare) |
+//! | [`running`] | every running aggregate of a key in one value (one read, one write per event) |
 //! | [`window`] | state namespaces and window assignment |
 //! | [`dedup`], [`sequence`], [`anomaly`] | the other rule kinds |
 //! | [`output`] | the output record |
@@ -24,6 +25,7 @@ pub mod dedup;
 pub mod metrics;
 pub mod output;
 pub mod predicate;
+pub mod running;
 pub mod sequence;
 pub mod spec;
 pub mod window;
@@ -68,7 +70,8 @@ pub(crate) struct States {
     pub win_acc: ValueState<Acc>,
     /// distinct_count values of a window or session.
     pub win_distinct: MapState<String, bool>,
-    pub run_acc: ValueState<Acc>,
+    /// Running aggregates without `group_by`, all rules of a key in one value.
+    pub running: running::Batch,
     pub run_distinct: MapState<String, bool>,
     pub sessions: ValueState<Sessions>,
     /// compare: the last closed window values of a key, `(window start, value)`.
@@ -92,6 +95,9 @@ pub(crate) struct States {
 struct Descriptors {
     win_acc: ValueStateDescriptor<Acc>,
     win_distinct: MapStateDescriptor<String, bool>,
+    running: ValueStateDescriptor<running::Running>,
+    /// Running accumulators as written before [`running`] (one per rule namespace):
+    /// read while a restored checkpoint still holds any.
     run_acc: ValueStateDescriptor<Acc>,
     run_distinct: MapStateDescriptor<String, bool>,
     sessions: ValueStateDescriptor<Sessions>,
@@ -140,6 +146,7 @@ impl Descriptors {
         Self {
             win_acc: ValueStateDescriptor::new("rules.window.acc"),
             win_distinct: MapStateDescriptor::new("rules.window.distinct"),
+            running: value("rules.running", state_ttl),
             run_acc: value("rules.running.acc", state_ttl),
             run_distinct,
             sessions: ValueStateDescriptor::new("rules.sessions"),
@@ -158,6 +165,7 @@ impl Descriptors {
         vec![
             self.win_acc.declaration(),
             self.win_distinct.declaration(),
+            self.running.declaration(),
             self.run_acc.declaration(),
             self.run_distinct.declaration(),
             self.sessions.declaration(),
@@ -175,11 +183,21 @@ impl Descriptors {
 impl States {
     fn open(ctx: &OpenContext<'_>, state_ttl: Option<Duration>) -> Result<Self, FunctionError> {
         let d = Descriptors::new(state_ttl);
+        let legacy = ctx.value_state(&d.run_acc)?;
+        let legacy = ctx
+            .store
+            .state_has_entries(&d.run_acc.name)?
+            .then_some(legacy);
         Ok(Self {
             store: ctx.store.clone(),
             win_acc: ctx.value_state(&d.win_acc)?,
             win_distinct: ctx.map_state(&d.win_distinct)?,
-            run_acc: ctx.value_state(&d.run_acc)?,
+            running: running::Batch::new(
+                ctx.store.clone(),
+                ctx.value_state(&d.running)?,
+                legacy,
+                state_ttl.map(|t| t.as_millis() as u64),
+            ),
             run_distinct: ctx.map_state(&d.run_distinct)?,
             sessions: ctx.value_state(&d.sessions)?,
             history: ctx.value_state(&d.history)?,
@@ -369,6 +387,7 @@ impl ProcessFunction for RuleEngine {
         out: &mut Output,
     ) -> Result<(), FunctionError> {
         let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
+        states.running.reset();
         for Live { rule, counters } in self.rules.values() {
             if rule.filter.as_ref().is_some_and(|f| !f.eval(event.value)) {
                 continue;
@@ -388,7 +407,10 @@ impl ProcessFunction for RuleEngine {
                 Kind::Anomaly(a) => anomaly::on_event(&env, states, rule, a, event, out)?,
             }
         }
-        Ok(())
+        let rules = &self.rules;
+        states
+            .running
+            .finish(|id, version| rules.get(id).is_some_and(|l| l.rule.version == version))
     }
 
     fn process_broadcast_element(

@@ -1078,3 +1078,4 @@ print(json.dumps({"good_refused": bad, "bad_accepted": ok}))
 }
 
 mod event_time;
+mod running;

@@ -332,6 +332,33 @@ impl StateStore {
         self.lock().now()
     }
 
+    /// Whether any key of this instance's key-group range holds an entry of the state
+    /// `name` (registered or restored; an unknown name holds none). A function that
+    /// replaced one state by another uses it once, after a restore, to read the old
+    /// state only while it still holds data. One seek per key group.
+    pub fn state_has_entries(&self, name: &str) -> Result<bool> {
+        let mut g = self.lock();
+        let Some(id) = g.states.get(name).map(|m| m.id) else {
+            return Ok(false);
+        };
+        let range = g.config.key_group_range;
+        for kg in range.start..=range.end {
+            let kg = (kg as u16).to_be_bytes();
+            let start = [kg[0], kg[1], (id >> 8) as u8, id as u8];
+            let next = id + 1; // ids stay below FIRST_RESERVED_ID
+            let end = [kg[0], kg[1], (next >> 8) as u8, next as u8];
+            let mut found = false;
+            g.backend.scan(&start, &end, &mut |_, _| {
+                found = true;
+                false
+            })?;
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Approximate number of stored entries (RocksDB's estimate).
     pub fn approximate_entries(&self) -> Result<u64> {
         self.lock().backend.approximate_len()
