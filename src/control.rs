@@ -21,11 +21,10 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use streamstate_state::{
-    BroadcastContext, BroadcastState, MapStateDescriptor, StateError, StateStore,
-};
+use streamstate_state::{BroadcastState, MapStateDescriptor, StateError, StateStore};
 
 use crate::decode::{DecodeError, parse_json};
+use crate::function::BroadcastContext;
 
 /// The broadcast state holding each rule's [`RuleVersion`]s.
 pub const HISTORY_STATE: &str = "rules.history";

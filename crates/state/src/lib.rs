@@ -13,8 +13,6 @@
 //! | [`inspect`] | one key's state as JSON (admin state lookup), decoders per state |
 //! | [`timers`] | event/processing-time timers per key and namespace |
 //! | [`operator`] | operator list/union state, broadcast state (read-only vs writable types) |
-//! | [`context`] | keyed vs broadcast side capabilities |
-//! | [`checkpointed`] | `CheckpointedFunction` hooks |
 //! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
@@ -59,9 +57,11 @@
 //!   namespace; the runtime drains [`StateStore::pop_due_timers`]`(domain,
 //!   watermark_or_now)` (time order) and sets each timer's key before
 //!   calling `on_timer`.
-//! - Operator state: [`StateStore::operator_list_state`] (source offsets),
-//!   [`StateStore::union_list_state`]; broadcast: [`BroadcastContext`]
-//!   (writable) vs [`KeyedContext`] (read-only).
+//! - Operator state: [`StateStore::operator_list_state`],
+//!   [`StateStore::union_list_state`]; broadcast: [`StateStore::broadcast_state`]
+//!   (writable) vs [`StateStore::read_only_broadcast_state`]. Which side of a
+//!   function gets which is the runtime's API (`streamstate::function`: its
+//!   keyed context hands out only the read-only type), not this crate's.
 //! - [`StateStore::snapshot`]`(checkpoint_id, dir) -> SnapshotResult` (files
 //!   with relative path, size, SHA-256; serde-serializable for the manifest).
 //!   RocksDB SST names are stable (immutable files) but only unique within
@@ -80,9 +80,7 @@
 
 pub mod backend;
 pub mod cache;
-pub mod checkpointed;
 pub mod clock;
-pub mod context;
 pub mod descriptor;
 pub mod error;
 pub mod inspect;
@@ -99,11 +97,7 @@ pub mod ttl;
 
 pub use backend::BackendKind;
 pub use cache::{CacheStats, DEFAULT_CACHE_BYTES};
-pub use checkpointed::{
-    CheckpointedFunction, FunctionInitializationContext, FunctionSnapshotContext,
-};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use context::{BroadcastContext, KeyedContext};
 pub use descriptor::*;
 pub use error::{Result, StateError};
 pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue, ValueState};

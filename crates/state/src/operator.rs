@@ -39,8 +39,8 @@ pub(crate) struct OperatorStates {
 }
 
 impl StateStore {
-    /// Operator list state with even-split redistribution (e.g. the Kafka
-    /// source's `(topic, partition, offset)` entries).
+    /// Operator list state with even-split redistribution (e.g. a sink's
+    /// buffered elements, as in `examples/buffering_sink.rs`).
     pub fn operator_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
         self.operator_list(name, Redistribution::EvenSplit)
     }
@@ -155,13 +155,14 @@ impl<T: StateValue> OperatorListState<T> {
     }
 }
 
-/// Read-only access to a broadcast map: all the keyed side may do. Reading compiles:
+/// Read-only access to a broadcast map: all the keyed side may do (the runtime's keyed
+/// context hands out only this type). Reading compiles:
 ///
 /// ```
 /// # use streamstate_state::*;
 /// fn keyed_side(store: &StateStore) -> Result<Option<String>> {
-///     let ctx = KeyedContext::new(store);
-///     ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).get(&"k".into())
+///     let rules = store.read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules"));
+///     rules.get(&"k".into())
 /// }
 /// ```
 ///
@@ -170,8 +171,8 @@ impl<T: StateValue> OperatorListState<T> {
 /// ```compile_fail
 /// # use streamstate_state::*;
 /// fn keyed_side(store: &StateStore) -> Result<()> {
-///     let ctx = KeyedContext::new(store);
-///     ctx.broadcast_state(&MapStateDescriptor::<String, String>::new("rules")).put(&"k".into(), &"v".into())
+///     let rules = store.read_only_broadcast_state(&MapStateDescriptor::<String, String>::new("rules"));
+///     rules.put(&"k".into(), &"v".into())
 /// }
 /// ```
 #[derive(Clone)]
