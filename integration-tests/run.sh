@@ -93,6 +93,16 @@ export STREAMSTATE_TEST_BOOTSTRAP="$("$kafka" bootstrap)"
 echo "== integration tests on the real broker at $STREAMSTATE_TEST_BOOTSTRAP"
 cargo test --release --workspace --locked --no-fail-fast "${features[@]}" --test '*' -- --test-threads=2
 
+# The backend is a setting, so what exactly-once rests on must hold on both: the
+# exactly-once suite (failpoint matrix, random kills, zombies), the rules tests and the
+# savepoint round trip run again with every service on the heap backend (~7 min). The
+# run above was RocksDB's; integration-tests/backends.rs switches between the two.
+echo "== exactly-once, rules and savepoint tests again on the hashmap backend"
+STREAMSTATE_TEST_BACKEND=hashmap cargo test --release --workspace --locked --no-fail-fast "${features[@]}" \
+  --test exactly_once --test rules --test rules_event_time -- --test-threads=2
+STREAMSTATE_TEST_BACKEND=hashmap cargo test --release --workspace --locked --no-fail-fast "${features[@]}" \
+  --test admin -- --test-threads=2 stop_with_savepoint
+
 # The battery's Rust tests (integration-tests/battery.rs, broker_restart.rs) ran above; its
 # fuzzing runs here. Long form: integration-tests/battery.sh --long (docs/reliability.md).
 echo "== reliability battery: fuzz the decoder, rule parser, manifest parser and admin requests (in-process loop, 20 s per target)"

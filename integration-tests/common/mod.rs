@@ -81,6 +81,28 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// The state backend of every service a test configures through [`Job`]:
+/// `STREAMSTATE_TEST_BACKEND` (`rocksdb` when unset, or `hashmap`). `run.sh` runs the
+/// exactly-once, rules and savepoint tests a second time with `hashmap`.
+pub fn test_backend() -> &'static str {
+    match std::env::var("STREAMSTATE_TEST_BACKEND").as_deref() {
+        Err(_) | Ok("") | Ok("rocksdb") => "rocksdb",
+        Ok("hashmap") => "hashmap",
+        Ok(other) => panic!("STREAMSTATE_TEST_BACKEND={other}: expected rocksdb or hashmap"),
+    }
+}
+
+/// Panics unless the service's log says it opened its state on `backend` (the start-up
+/// line `assigned partitions ... state_backend=<backend>`), so a run meant for one
+/// backend cannot pass on the other unnoticed.
+pub fn assert_backend(service: &Service, backend: &str) {
+    let log = service.log();
+    assert!(
+        log.contains(&format!("state_backend={backend}")),
+        "the service did not run on the {backend} backend; log:\n{log}"
+    );
+}
+
 /// A name no other test (or earlier run) uses, so tests share one broker safely.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -438,6 +460,7 @@ function = "{function}"
 
 [state]
 dir = "{state}"
+backend = "{backend}"
 
 [checkpoint]
 interval = "{checkpoint_interval}"
@@ -454,6 +477,7 @@ listen = "{admin}"
             dlq = self.dlq,
             control = self.control,
             state = d.join("state").display(),
+            backend = test_backend(),
             admin = self.admin,
             function = self.function,
             job_extra = self.job_extra,
@@ -937,6 +961,11 @@ pub fn wait_all_committed(job: &Job, service: &mut Service) {
             job.committed() >= end
         },
     );
+    // Only where the backend was chosen for the run: services that write their own
+    // config (or examples with their own logging) are not asked.
+    if std::env::var_os("STREAMSTATE_TEST_BACKEND").is_some() {
+        assert_backend(service, test_backend());
+    }
 }
 
 /// The broker rig's script, for tests that bounce the broker.

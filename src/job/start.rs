@@ -290,6 +290,7 @@ impl Job {
         info!(
             partitions = offsets.len(),
             control_partitions = control_offsets.len(),
+            state_backend = %config.state.backend,
             transactional_ids = %format!("{}-0..{}", config.legacy_transactional_id(), config.checkpoint.producer_pool_size - 1),
             "assigned partitions"
         );

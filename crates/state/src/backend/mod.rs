@@ -21,6 +21,22 @@ pub enum BackendKind {
     Rocksdb,
 }
 
+impl BackendKind {
+    /// The name `state.backend` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hashmap => "hashmap",
+            Self::Rocksdb => "rocksdb",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::str::FromStr for BackendKind {
     type Err = crate::StateError;
     fn from_str(s: &str) -> Result<Self> {

@@ -1,0 +1,137 @@
+//! Both state backends end to end, on the real broker: a savepoint taken on one backend
+//! restores on the other while input keeps arriving, the checkpoints after the switch are
+//! the new backend's, a SIGKILL after the switch recovers from them, and the output is
+//! exactly once. (The exactly-once, rules and savepoint suites themselves run once per
+//! backend: `run.sh` repeats them with `STREAMSTATE_TEST_BACKEND=hashmap`.)
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn savepoint_taken_on_rocksdb_restores_on_hashmap_under_load() {
+    switch_backend_under_load("rocksdb", "hashmap");
+}
+
+#[test]
+fn savepoint_taken_on_hashmap_restores_on_rocksdb_under_load() {
+    switch_backend_under_load("hashmap", "rocksdb");
+}
+
+/// The backend each run uses comes from `STREAMSTATE__STATE__BACKEND`, which overrides
+/// the config file's `[state] backend`.
+fn switch_backend_under_load(from: &str, to: &str) {
+    let job = Job::new(&format!("switch-{from}"), 4);
+    job.write_config("300ms", "");
+    let evs = events(24_000, 5, 41);
+    let input = job.input.clone();
+    // About 16 s of input: the stop, the restart and the kill all happen while it flows.
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_500)));
+
+    let mut first = job.spawn_with(&[], &[("STREAMSTATE__STATE__BACKEND", from)]);
+    wait_until(
+        "the first run to commit input",
+        Duration::from_secs(120),
+        || {
+            first.assert_running();
+            job.committed() >= 3_000
+        },
+    );
+    assert_backend(&first, from);
+    let stop = http_with("POST", job.admin, "/stop", &[], br#"{"savepoint": true}"#)
+        .expect("POST /stop");
+    assert_eq!(stop.status, 200, "{}", stop.body);
+    let savepoint = stop.json()["savepoint"]["id"]
+        .as_str()
+        .expect("savepoint id")
+        .to_string();
+    let status = first.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "stop: {status}; log:\n{}", first.log());
+    let at_stop = job.committed();
+    assert!(
+        at_stop < 24_000,
+        "the input must still be arriving at the switch (committed {at_stop})"
+    );
+
+    let env = [("STREAMSTATE__STATE__BACKEND", to)];
+    let mut second = job.spawn_with(&["--from-savepoint", &savepoint], &env);
+    wait_until(
+        "the restored run to commit more input",
+        Duration::from_secs(120),
+        || {
+            second.assert_running();
+            job.committed() >= at_stop + 2_000
+        },
+    );
+    let log = second.log();
+    assert!(
+        log.contains("restored state from savepoint") && log.contains(&savepoint),
+        "log:\n{log}"
+    );
+    assert_backend(&second, to);
+    // A crash after the switch recovers from the new backend's own checkpoint.
+    second.sigkill();
+    let mut third = job.spawn_with(&[], &env);
+    feeder.join().expect("feeder");
+    wait_all_committed(&job, &mut third);
+    assert_backend(&third, to);
+    third.sigkill();
+
+    // A savepoint `sp-<n>-<run>` is stored as `chk-<n>-<run>` below `savepoints/`.
+    let stored = savepoint.replacen("sp-", "chk-", 1);
+    assert_eq!(
+        manifest_backend(&find_manifest(&job.checkpoint_dir().join("savepoints"), &stored)),
+        from,
+        "the savepoint is {from}'s"
+    );
+    let newest = newest_checkpoint(&job.checkpoint_dir().join(&job.app_id).join("instance-0"));
+    assert_eq!(manifest_backend(&newest), to, "{}", newest.display());
+    let (outputs, dead) = check_exactly_once(&job);
+    assert_eq!(outputs + dead, 24_000, "every input is an output or a dead letter");
+    independent_check(&job, &CheckerOptions::all());
+}
+
+/// The `state.backend` a manifest records: the backend that wrote the snapshot.
+fn manifest_backend(manifest: &Path) -> String {
+    let bytes = std::fs::read(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("manifest JSON");
+    v["state"]["backend"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no state.backend in {v}"))
+        .to_string()
+}
+
+/// `<dir named name>/manifest.json` anywhere below `root`.
+fn find_manifest(root: &Path, name: &str) -> std::path::PathBuf {
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if entry.file_name() == name && path.join("manifest.json").is_file() {
+                    return path.join("manifest.json");
+                }
+                todo.push(path);
+            }
+        }
+    }
+    panic!("no {name}/manifest.json below {}", root.display())
+}
+
+/// The manifest of the highest-numbered checkpoint in `root` (file storage).
+fn newest_checkpoint(root: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let id: u64 = name.strip_prefix("chk-")?.split('-').next()?.parse().ok()?;
+            let manifest = root.join(&name).join("manifest.json");
+            manifest.is_file().then_some((id, manifest))
+        })
+        .max()
+        .map(|(_, m)| m)
+        .unwrap_or_else(|| panic!("no checkpoint in {}", root.display()))
+}
