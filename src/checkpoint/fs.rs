@@ -72,7 +72,7 @@ impl CheckpointStorage for FsStorage {
                     .root
                     .join(SHARED)
                     .join(format!("{}.{}.partial", file.sha256, c.run));
-                stats.bytes_written += copy_synced(&from, &partial)?;
+                stats.bytes_written += store_immutable(&from, &partial)?;
                 fs::rename(&partial, &to).map_err(|e| CheckpointError::io(&to, e))?;
                 new_shared = true;
             } else {
@@ -282,6 +282,23 @@ fn remove_dir_if_exists(path: &Path) -> Result<(), CheckpointError> {
     }
 }
 
+/// Puts an immutable SST at `to`: a hard link where `from` is on the same filesystem,
+/// else a synced copy. RocksDB syncs an SST before it becomes part of the database and
+/// never writes it again, so the link is as durable as a copy and costs no I/O: storage
+/// on the state's own volume then stores a checkpoint's new SSTs (5-7 MB a second in the
+/// benchmark's S workload, 60-110 MB after a compaction) without reading them back.
+fn store_immutable(from: &Path, to: &Path) -> Result<u64, CheckpointError> {
+    // A partial file left by a crashed upload of the same content.
+    let _ = fs::remove_file(to);
+    match fs::hard_link(from, to) {
+        Ok(()) => fs::metadata(to)
+            .map(|m| m.len())
+            .map_err(|e| CheckpointError::io(to, e)),
+        // Another filesystem (EXDEV), or one without hard links.
+        Err(_) => copy_synced(from, to),
+    }
+}
+
 fn copy_synced(from: &Path, to: &Path) -> Result<u64, CheckpointError> {
     let n = fs::copy(from, to).map_err(|e| CheckpointError::io(from, e))?;
     fs::File::open(to)
@@ -369,6 +386,32 @@ mod tests {
             err.contains("chk-1-dddddddd") && err.contains(sha.as_str()),
             "{err}"
         );
+    }
+
+    #[test]
+    fn new_ssts_on_the_same_filesystem_are_linked_and_elsewhere_copied() {
+        use std::os::unix::fs::MetadataExt;
+        let (dir, s) = storage();
+        // The source beside the storage, as the state directory usually is.
+        let src = dir.path().join("state");
+        let c = CheckpointRef::new(1, "ffffffff");
+        let m = suite::manifest(&c, &src, &[("db/000007.sst", b"immutable"), ("meta.json", b"{}")]);
+        s.write(&m, &src).expect("write");
+        let local = fs::metadata(src.join("db/000007.sst")).expect("source");
+        let stored = fs::metadata(s.shared_path(&m.state.files[0].sha256)).expect("stored");
+        assert_eq!(
+            (stored.dev(), stored.ino()),
+            (local.dev(), local.ino()),
+            "the SST is linked"
+        );
+        let meta = fs::metadata(s.dir(&c).join("meta.json")).expect("private file");
+        assert_ne!(meta.ino(), fs::metadata(src.join("meta.json")).expect("src").ino());
+        // /proc is another filesystem: no link, a copy with the same bytes.
+        let to = dir.path().join("copied");
+        let n = store_immutable(Path::new("/proc/version"), &to).expect("copy");
+        let content = fs::read(&to).expect("read");
+        assert!(n > 0 && n == content.len() as u64);
+        assert_eq!(content, fs::read("/proc/version").expect("proc"));
     }
 
     #[test]
