@@ -41,8 +41,8 @@ fn switch_backend_under_load(from: &str, to: &str) {
         },
     );
     assert_backend(&first, from);
-    let stop = http_with("POST", job.admin, "/stop", &[], br#"{"savepoint": true}"#)
-        .expect("POST /stop");
+    let stop =
+        http_with("POST", job.admin, "/stop", &[], br#"{"savepoint": true}"#).expect("POST /stop");
     assert_eq!(stop.status, 200, "{}", stop.body);
     let savepoint = stop.json()["savepoint"]["id"]
         .as_str()
@@ -83,14 +83,21 @@ fn switch_backend_under_load(from: &str, to: &str) {
     // A savepoint `sp-<n>-<run>` is stored as `chk-<n>-<run>` below `savepoints/`.
     let stored = savepoint.replacen("sp-", "chk-", 1);
     assert_eq!(
-        manifest_backend(&find_manifest(&job.checkpoint_dir().join("savepoints"), &stored)),
+        manifest_backend(&find_manifest(
+            &job.checkpoint_dir().join("savepoints"),
+            &stored
+        )),
         from,
         "the savepoint is {from}'s"
     );
     let newest = newest_checkpoint(&job.checkpoint_dir().join(&job.app_id).join("instance-0"));
     assert_eq!(manifest_backend(&newest), to, "{}", newest.display());
     let (outputs, dead) = check_exactly_once(&job);
-    assert_eq!(outputs + dead, 24_000, "every input is an output or a dead letter");
+    assert_eq!(
+        outputs + dead,
+        24_000,
+        "every input is an output or a dead letter"
+    );
     independent_check(&job, &CheckerOptions::all());
 }
 

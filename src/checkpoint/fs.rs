@@ -395,7 +395,11 @@ mod tests {
         // The source beside the storage, as the state directory usually is.
         let src = dir.path().join("state");
         let c = CheckpointRef::new(1, "ffffffff");
-        let m = suite::manifest(&c, &src, &[("db/000007.sst", b"immutable"), ("meta.json", b"{}")]);
+        let m = suite::manifest(
+            &c,
+            &src,
+            &[("db/000007.sst", b"immutable"), ("meta.json", b"{}")],
+        );
         s.write(&m, &src).expect("write");
         let local = fs::metadata(src.join("db/000007.sst")).expect("source");
         let stored = fs::metadata(s.shared_path(&m.state.files[0].sha256)).expect("stored");
@@ -405,7 +409,10 @@ mod tests {
             "the SST is linked"
         );
         let meta = fs::metadata(s.dir(&c).join("meta.json")).expect("private file");
-        assert_ne!(meta.ino(), fs::metadata(src.join("meta.json")).expect("src").ino());
+        assert_ne!(
+            meta.ino(),
+            fs::metadata(src.join("meta.json")).expect("src").ino()
+        );
         // /proc is another filesystem: no link, a copy with the same bytes.
         let to = dir.path().join("copied");
         let n = store_immutable(Path::new("/proc/version"), &to).expect("copy");
