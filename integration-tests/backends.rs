@@ -80,13 +80,16 @@ fn switch_backend_under_load(from: &str, to: &str) {
     assert_backend(&third, to);
     third.sigkill();
 
-    // A savepoint `sp-<n>-<run>` is stored as `chk-<n>-<run>` below `savepoints/`.
+    // A savepoint `sp-<n>-<run>` is stored as `chk-<n>-<run>`, in file storage of its own
+    // below `savepoints/`.
     let stored = savepoint.replacen("sp-", "chk-", 1);
+    let savepoints = job
+        .checkpoint_dir()
+        .join("savepoints")
+        .join(&job.app_id)
+        .join("instance-0");
     assert_eq!(
-        manifest_backend(&find_manifest(
-            &job.checkpoint_dir().join("savepoints"),
-            &stored
-        )),
+        manifest_backend(&savepoints.join(stored).join("manifest.json")),
         from,
         "the savepoint is {from}'s"
     );
@@ -109,23 +112,6 @@ fn manifest_backend(manifest: &Path) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no state.backend in {v}"))
         .to_string()
-}
-
-/// `<dir named name>/manifest.json` anywhere below `root`.
-fn find_manifest(root: &Path, name: &str) -> std::path::PathBuf {
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                if entry.file_name() == name && path.join("manifest.json").is_file() {
-                    return path.join("manifest.json");
-                }
-                todo.push(path);
-            }
-        }
-    }
-    panic!("no {name}/manifest.json below {}", root.display())
 }
 
 /// The manifest of the highest-numbered checkpoint in `root` (file storage).
