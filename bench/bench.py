@@ -125,7 +125,7 @@ def input_end(bootstrap, topic, partitions):
 
 
 def streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee="exactly_once",
-                       rules_topic=None, event_time=False, avro=False):
+                       rules_topic=None, event_time=False, avro=False, backend="rocksdb"):
     admin_port = a.admin_port
     rules_topic = rules_topic or a.rules_topic
     # W, S-EO-seq-et: event time from the event's `ts`, watermark = slowest partition's
@@ -151,7 +151,7 @@ guarantee = "{guarantee}"
 {format_cfg}
 
 {registry_cfg}[state]
-backend = "rocksdb"
+backend = "{backend}"
 dir = "{run_dir}/state"
 
 [checkpoint]
@@ -175,7 +175,8 @@ listen = "127.0.0.1:{admin_port}"
 # is J and S-EO beside J-avro and S-EO-avro, the same jobs on the main input's Avro twin
 # (`format = "avro"`, the same events at the same offsets): what decoding Avro costs.
 WORKLOADS = {
-    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-grouped", "S-EO-console", "KS", "Q", "F")),
+    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-heap", "S-EO-grouped", "S-EO-console", "KS", "Q",
+                       "F")),
     "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
     "D": ("dedup", ("S-EO", "KS", "Q", "F")),
     "W": ("window", ("S-EO", "KS", "Q", "F")),
@@ -206,10 +207,12 @@ def contenders(a, workload="S", interval=None):
     rules_topic_grouped = a.rules_topic_grouped if code == "S" else None
     interval_ms = str(int(parse_secs(a.interval) * 1000))
 
-    def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W", avro=False):
+    def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W", avro=False,
+           backend="rocksdb"):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
-                                     rules_topic=rules or rules_topic, event_time=event_time, avro=avro)
+                                     rules_topic=rules or rules_topic, event_time=event_time, avro=avro,
+                                     backend=backend)
             # One INFO line per checkpoint (its phases), so every run's log can say where
             # its checkpoints' time went.
             return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn,streamstate::job=info"}
@@ -223,6 +226,9 @@ def contenders(a, workload="S", interval=None):
             "S-EO-10s": ("workload", False, ss("rules", "10s")),
             "S-ALO": ("workload", True, ss("rules", a.interval, "at_least_once")),
         })
+        if rules_topic:
+            # S-EO on the `hashmap` backend: state on the heap, full snapshots.
+            table["S-EO-heap"] = ("workload", False, ss("rules", a.interval, backend="hashmap"))
         if a.avro_input and a.schema_registry:
             table["J-avro"] = ("json", False, ss("json", a.interval, avro=True))
             if rules_topic:
@@ -764,7 +770,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         "(S-EO-seq-et); **AVRO** (J and S-EO on the main input beside J-avro and S-EO-avro on its Avro twin: "
         "the same events at the same offsets, Confluent wire format). Every output is checked by "
         "`bench/check.py` against its own model (the Avro contenders' from the JSON twin).",
-        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-grouped streamstate with one `group_by` rule "
+        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-heap S-EO with `state.backend = \"hashmap\"`; "
+        "S-EO-grouped streamstate with one `group_by` rule "
         "for the four per-type sums (`bench/rules-grouped.json`, the same outputs); S-EO-console streamstate with "
         "its web console's Overview open in headless Chromium (on the broker's CPU) for the whole measured window; "
         "S-EO-seq / S-EO-seq-et streamstate with `bench/rules-seq.json` in processing / event time; "
@@ -927,6 +934,15 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                         lines.append(f"| {w['state_mb']:,} MB | 0: not reached with this input (largest "
                                      f"checkpoint {mb(r['last_checkpoint_bytes'])}) | | | | | |")
                 lines.append("")
+    lines += ["## How to reproduce on your own hardware", "",
+              "On a machine with 2 or more CPUs and nothing else running: `integration-tests/install-deps.sh`, "
+              "then `bench/run.sh` (the S workload, about 90 minutes; it builds, starts its own broker and "
+              "installs the other contenders' tools), then the parts of the full comparison: "
+              "`BENCH_WORKLOADS=S-zipf,D BENCH_MERGE=BENCHMARKS.json bench/run.sh` (about 50 minutes) and "
+              "`BENCH_WORKLOADS=W BENCH_MERGE=BENCHMARKS.json bench/run.sh` (about 50 minutes). Try it small "
+              "first (`BENCH_EVENTS=20000 BENCH_REPEATS=1 BENCH_LOADS= BENCH_STATE_SWEEP_MB= "
+              "BENCH_REPORT=/tmp/smoke.md bench/run.sh`). Compare ratios within one report, not absolute "
+              "figures across machines. Details, knobs and the time each part takes: `bench/README.md`.", ""]
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
         {"summary": {f"{w}/{n}": v for (w, n), v in summary.items()}, "runs": results, "latency": latencies,

@@ -41,7 +41,7 @@
 #   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
 #                           are taken from it into the report (and its latency and sweep
 #                           figures when this run has no S)
-#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro]
+#   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-heap,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro]
 #                           (unavailable ones are skipped and named; each workload runs those
 #                           that can express it: D, W and S-zipf S-EO, KS, Q, F; SEQ S-EO-seq
 #                           and S-EO-seq-et only; AVRO J, J-avro, S-EO, S-EO-avro)
@@ -68,7 +68,7 @@ DIST="${BENCH_DIST:-uniform}"
 SEED="${BENCH_SEED:-42}"
 REPEATS="${BENCH_REPEATS:-3}"
 INTERVAL="${BENCH_INTERVAL:-1s}"
-CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro}"
+CONTENDERS="${BENCH_CONTENDERS:-P,J,S-EO,S-ALO,S-EO-10s,S-EO-heap,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro}"
 WORKLOADS="${BENCH_WORKLOADS:-S}"  # the full comparison: S,S-zipf,D,W (~3 h)
 ZIPF_KEYS="${BENCH_ZIPF_KEYS:-100000}"
 WORK="${BENCH_WORK:-/var/tmp/streamstate-bench}"

@@ -113,18 +113,3 @@ fn manifest_backend(manifest: &Path) -> String {
         .unwrap_or_else(|| panic!("no state.backend in {v}"))
         .to_string()
 }
-
-/// The manifest of the highest-numbered checkpoint in `root` (file storage).
-fn newest_checkpoint(root: &Path) -> std::path::PathBuf {
-    std::fs::read_dir(root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            let id: u64 = name.strip_prefix("chk-")?.split('-').next()?.parse().ok()?;
-            let manifest = root.join(&name).join("manifest.json");
-            manifest.is_file().then_some((id, manifest))
-        })
-        .max()
-        .map(|(_, m)| m)
-        .unwrap_or_else(|| panic!("no checkpoint in {}", root.display()))
-}

@@ -390,15 +390,15 @@ fn damage(file: &Path, how: Damage, rng: &mut impl Rng) {
             std::fs::write(file, b"{\"format_version\": 1, \"checkpoint\": ").expect("write")
         }
         Damage::ManifestVersion => {
-            let text = String::from_utf8(bytes).expect("utf-8");
-            let changed = text
-                .replacen("\"format_version\": 1", "\"format_version\": 99", 1)
-                .replacen("\"format_version\":1", "\"format_version\":99", 1);
-            assert_ne!(
-                changed, text,
-                "the manifest must name format_version 1 for this damage to apply"
+            let mut manifest: serde_json::Value =
+                serde_json::from_slice(&bytes).expect("manifest JSON");
+            assert!(
+                manifest["format_version"].is_u64(),
+                "the manifest must name its format_version for this damage to apply"
             );
-            std::fs::write(file, changed).expect("write");
+            manifest["format_version"] = 99.into();
+            std::fs::write(file, serde_json::to_vec_pretty(&manifest).expect("JSON"))
+                .expect("write");
         }
     }
 }

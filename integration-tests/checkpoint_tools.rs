@@ -203,6 +203,13 @@ fn list_inspect_and_verify_real_checkpoints() {
         f.job.input_end(),
         "the final checkpoint's offsets are the end of the input"
     );
+    // The offsets are the source's operator state (union list), decoded by inspect.
+    let source = &r["operator_lists"]["streamstate.source_offsets"];
+    assert_eq!(source["mode"], "union", "{r}");
+    assert_eq!(source["offsets"], r["offsets"], "{r}");
+    assert_eq!(source["entries"], 4, "one entry per input partition: {r}");
+    let control = &r["operator_lists"]["streamstate.control_offsets"];
+    assert_eq!(control["offsets"], r["control_offsets"], "{r}");
     // A bare id resolves too.
     let id = f.checkpoint.split('-').nth(1).unwrap();
     let (code, out, err) = tool(&config, &["verify", id], &[]);

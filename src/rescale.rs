@@ -6,9 +6,9 @@
 //! A set is written once, atomically, and only when all N parts are present, come from
 //! one N-instance deployment (instance `i` of N, key groups `for_instance(M, N, i)`)
 //! and share one `max_parallelism`. Each new instance restores the keyed state of its
-//! new key-group range from the parts that overlap it (the state layer filters and
-//! redistributes operator state), a copy of broadcast state, and the input offsets of
-//! its partitions from the part that owned each.
+//! new key-group range from the parts that overlap it, and the state layer redistributes
+//! operator state: broadcast state is copied, and the source offsets, union list state,
+//! reach every new instance, which reads the partitions it owns from them.
 
 use serde::{Deserialize, Serialize};
 use streamstate_state::KeyGroupRange;
@@ -40,6 +40,8 @@ pub struct SetPart {
     /// `sp-<n>-<run>`, under that instance's savepoint location.
     pub savepoint: String,
     pub key_groups: KeyGroupRange,
+    /// The part's manifest copies of its source offsets: what `rescale-plan` shows and a
+    /// rescaled start compares with the group's committed offsets (restore reads state).
     pub offsets: Vec<PartitionOffset>,
     pub control_offsets: Vec<PartitionOffset>,
 }
@@ -187,25 +189,6 @@ impl SavepointSet {
             .flat_map(|p| p.offsets.iter().cloned())
             .collect()
     }
-
-    /// Control-topic offsets every new instance starts from: the lowest any part had read,
-    /// so no rule update is skipped (re-reading one is harmless: versions gate it).
-    pub fn control_offsets(&self) -> Vec<PartitionOffset> {
-        let mut min = std::collections::BTreeMap::<(String, i32), i64>::new();
-        for o in self.parts.iter().flat_map(|p| &p.control_offsets) {
-            let e = min
-                .entry((o.topic.clone(), o.partition))
-                .or_insert(o.offset);
-            *e = (*e).min(o.offset);
-        }
-        min.into_iter()
-            .map(|((topic, partition), offset)| PartitionOffset {
-                topic,
-                partition,
-                offset,
-            })
-            .collect()
-    }
 }
 
 /// What one new instance restores from a set.
@@ -324,7 +307,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_range_reads_the_parts_that_overlap_it_and_the_lowest_control_offsets() {
+    fn a_new_range_reads_the_parts_that_overlap_it() {
         let set = SavepointSet {
             name: "s".into(),
             instances: 3,
@@ -341,7 +324,6 @@ mod tests {
         assert_eq!(ids(KeyGroupRange::new(0, 1)), vec![0]);
         assert_eq!(ids(KeyGroupRange::new(2, 3)), vec![1, 2]);
         assert_eq!(ids(KeyGroupRange::new(0, 3)), vec![0, 1, 2]);
-        assert_eq!(set.control_offsets()[0].offset, 5);
         assert_eq!(set.offsets().len(), 3);
     }
 }

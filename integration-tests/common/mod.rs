@@ -1374,3 +1374,18 @@ pub fn produce_to_partition(topic: &str, partition: i32, key: &str, payload: &[u
     .expect("queue record");
     flush(&p);
 }
+
+/// The manifest of the highest-numbered checkpoint in `root` (file storage).
+pub fn newest_checkpoint(root: &Path) -> PathBuf {
+    std::fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let id: u64 = name.strip_prefix("chk-")?.split('-').next()?.parse().ok()?;
+            let manifest = root.join(&name).join("manifest.json");
+            manifest.is_file().then_some((id, manifest))
+        })
+        .max()
+        .map(|(_, m)| m)
+        .unwrap_or_else(|| panic!("no checkpoint in {}", root.display()))
+}

@@ -5,8 +5,12 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use streamstate_state::SnapshotResult;
 
-/// Bumped on any incompatible change; restore refuses versions it does not know.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this version writes; bumped on any incompatible change. Restore refuses
+/// versions it does not know. 1: the offsets lived only in the manifest; 2: they are the
+/// source's operator state (`crate::source::offset_state`), the manifest keeps a copy.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format restore still reads (migrated on restore).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Names one checkpoint: a monotonic id plus the id of the process run that wrote it.
 ///
@@ -71,10 +75,12 @@ pub struct Manifest {
     pub app_id: String,
     pub instance: u32,
     pub created_at_ms: u64,
-    /// Next offset to read per input partition: the source's operator list state.
+    /// Next offset to read per input partition. From format 2 a copy of the source's
+    /// union list state, for what reads manifests without loading state (listings, the
+    /// committed-offset checks, savepoint sets); restore reads the state.
     pub offsets: Vec<PartitionOffset>,
-    /// Next offset to read per control-topic partition; the rules they produced are in
-    /// the state's broadcast state.
+    /// Next offset to read per control-topic partition (a copy, as `offsets`); the rules
+    /// they produced are in the state's broadcast state.
     #[serde(default)]
     pub control_offsets: Vec<PartitionOffset>,
     /// Producers in the pool of the run that wrote this checkpoint, so that a start with
@@ -99,9 +105,9 @@ impl Manifest {
     /// each storage adds where the manifest lives.
     pub fn parse(bytes: &[u8], expected: &CheckpointRef) -> Result<Self, String> {
         let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if manifest.format_version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(format!(
-                "format version {} is not {FORMAT_VERSION}",
+                "format version {} is not one of {OLDEST_FORMAT_VERSION}..={FORMAT_VERSION}",
                 manifest.format_version
             ));
         }

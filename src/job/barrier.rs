@@ -2,8 +2,8 @@
 //!
 //! At the barrier the loop takes only the synchronous part of a checkpoint: the function's
 //! snapshot hook and the store's local snapshot (for RocksDB a memtable switch; its flush,
-//! the hard links and the hashes of new SST files are left to the committer), plus a copy
-//! of the offsets.
+//! the hard links and the hashes of new SST files are left to the committer), with the
+//! source offsets written into it as operator state first.
 //! [`crate::commit`] uploads and commits it in the background. What the job thread paused
 //! for is `streamstate_checkpoint_pause_seconds`.
 
@@ -16,6 +16,7 @@ use super::{Job, JobError, partition_offsets, remove_dir, unix_ms};
 use crate::checkpoint::{FORMAT_VERSION, Manifest};
 use crate::commit::{Committed, Sealed};
 use crate::history::{CheckpointRecord, Phases, Trigger};
+use crate::source::offset_state;
 
 /// A sealed epoch waiting for its outcome, for its history record.
 pub(super) struct Pending {
@@ -61,6 +62,7 @@ impl Job {
             p.config.job.instance, checkpoint.id
         ));
         remove_dir(&staging)?;
+        offset_state::snapshot(p.state.store(), &p.offsets, &p.control_offsets)?;
         let (state, rest) = p.state.snapshot_deferred(checkpoint.id, &staging)?;
         let snapshot = started.elapsed();
         let manifest = Manifest {

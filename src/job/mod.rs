@@ -26,7 +26,7 @@ use crate::function::FunctionError;
 use crate::history::{History, Trigger};
 use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Producer, SinkError};
-use crate::source::{Offsets, Source, SourceError};
+use crate::source::{Offsets, Source, SourceError, offset_state};
 use crate::{repartition, rescale};
 
 mod barrier;
@@ -50,8 +50,10 @@ pub enum JobError {
     Function(#[from] FunctionError),
     #[error("state: {0}")]
     State(#[from] streamstate_state::StateError),
-    #[error("checkpoint {name}: offsets in its manifest differ from the group's committed offsets")]
+    #[error("checkpoint {name}: its source offsets differ from the group's committed offsets")]
     OffsetMismatch { name: String },
+    #[error(transparent)]
+    SourceOffsets(#[from] crate::source::offset_state::OffsetStateError),
     #[error(
         "cannot restore checkpoint {name}, which the committed offsets name: {source}. Fix or restore the \
          checkpoint storage, or start with --allow-older-checkpoint to fall back to an older one (at-least-once)"
@@ -414,7 +416,11 @@ impl Job {
                 None
             }
         };
-        (p.offsets, p.control_offsets) = self.start.positions(manifest.as_ref());
+        let restored = match &manifest {
+            Some(m) => Some(offset_state::restored(p.state.store(), m)?),
+            None => None,
+        };
+        (p.offsets, p.control_offsets) = self.start.positions(restored.as_ref());
         self.source
             .assign(p.offsets.iter().chain(&p.control_offsets))?;
         if let Some(rules) = &p.rules {

@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 use super::pipeline::Pipeline;
 use super::{Control, Job, JobError, StartOptions, manifest_offsets, remove_dir, serve, unix_ms};
 use crate::checkpoint::{
-    CheckpointError, CheckpointRef, CheckpointStorage, Manifest, PartitionOffset, open_storage,
+    CheckpointError, CheckpointRef, CheckpointStorage, Manifest, open_storage,
 };
 use crate::commit::{Epochs, Housekeeping};
 use crate::config::{Config, FunctionKind, MAX_PRODUCER_POOL_SIZE, StartOffsets};
@@ -22,6 +22,7 @@ use crate::functions::Count;
 use crate::history::{CheckpointRecord, Trigger};
 use crate::metrics::Metrics;
 use crate::sink::Sink;
+use crate::source::offset_state::{self, Positions};
 use crate::source::{Offsets, Source, SourceError};
 use crate::{cluster, repartition, rescale};
 use streamstate_state::{SnapshotResult, StateStore, StoreConfig};
@@ -169,7 +170,7 @@ impl Job {
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
         let from_savepoint = match (&options.from_savepoint, from_set) {
-            (_, Some(set)) => Some(restore_set(&config, &set, &parts, max_parallelism)?),
+            (_, Some(set)) => Some(restore_set(&config, &set, max_parallelism)?),
             (Some(id), None) => Some(serve::restore_savepoint(
                 &config,
                 &options,
@@ -188,7 +189,7 @@ impl Job {
             (None, Some(c)) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(
                     |(state, m)| {
-                        if manifest_offsets(&m.offsets) != c.offsets {
+                        if offset_state::restored(&state, &m)?.input != c.offsets {
                             return Err(JobError::OffsetMismatch {
                                 name: c.checkpoint.to_string(),
                             });
@@ -248,8 +249,17 @@ impl Job {
             max_out_of_orderness: config.job.max_out_of_orderness,
             idle_timeout: config.job.idle_timeout,
         };
+        let restored = match &manifest {
+            Some(m) => {
+                if m.format_version < offset_state::SINCE_FORMAT {
+                    info!(checkpoint = %m.checkpoint, format = m.format_version, "the checkpoint predates offsets in operator state: resuming at its manifest's offsets");
+                }
+                Some(offset_state::restored(&store, m)?)
+            }
+            None => None,
+        };
         let state = Driver::new(store, function, event_time)?;
-        let (offsets, control_offsets) = start.positions(manifest.as_ref());
+        let (offsets, control_offsets) = start.positions(restored.as_ref());
         let mut state = state;
         // The partitions that feed process_element make the watermark: in repartition
         // mode the internal ones (hop 1 only forwards).
@@ -362,17 +372,19 @@ pub(super) fn fresh_store(config: &Config, max_parallelism: u32) -> Result<State
 }
 
 /// Restores this instance's share of a savepoint set: keyed state of its key-group
-/// range from every part (the state layer filters, and redistributes operator state),
-/// input offsets of its partitions, the lowest control offsets of any part.
+/// range from every part (the state layer filters, and redistributes operator state,
+/// the source offsets among it). The manifest returned stands for the whole set: the
+/// oldest format of its parts, and every part's offsets (for parts of format 1, which
+/// have them nowhere else).
 fn restore_set(
     config: &Config,
     set: &rescale::SavepointSet,
-    parts: &[crate::source::Partition],
     max_parallelism: u32,
 ) -> Result<(StateStore, Manifest), JobError> {
     let store = fresh_store(config, max_parallelism)?;
     let mut fetched = Vec::new();
-    let mut template = None;
+    let mut template: Option<Manifest> = None;
+    let (mut offsets, mut control_offsets) = (Vec::new(), Vec::new());
     for (old, manifest) in rescale::manifests(config, set)? {
         let dir = config
             .state
@@ -381,7 +393,12 @@ fn restore_set(
         remove_dir(&dir)?;
         rescale::part_storage(config, old)?.fetch(&manifest, &dir)?;
         fetched.push((dir, manifest.state.clone()));
-        template.get_or_insert(manifest);
+        offsets.extend(manifest.offsets.iter().cloned());
+        control_offsets.extend(manifest.control_offsets.iter().cloned());
+        match &mut template {
+            Some(t) => t.format_version = t.format_version.min(manifest.format_version),
+            None => template = Some(manifest),
+        }
     }
     store.restore(&fetched)?;
     for (dir, _) in &fetched {
@@ -389,11 +406,6 @@ fn restore_set(
     }
     let template = template
         .ok_or_else(|| JobError::Rescale(rescale::RescaleError::Missing(set.name.clone())))?;
-    let offsets = set
-        .offsets()
-        .into_iter()
-        .filter(|o| parts.contains(&(o.topic.clone(), o.partition)))
-        .collect();
     info!(
         set = %set.name,
         from_instances = set.instances,
@@ -404,7 +416,7 @@ fn restore_set(
         store,
         Manifest {
             offsets,
-            control_offsets: set.control_offsets(),
+            control_offsets,
             ..template
         },
     ))
@@ -531,21 +543,23 @@ pub(super) struct Start {
 }
 
 impl Start {
-    /// Input and control positions: the checkpoint's, plus partitions added since it was
-    /// taken at their start position.
-    pub(super) fn positions(&self, manifest: Option<&Manifest>) -> (Offsets, Offsets) {
-        let merge = |from: Option<&Vec<PartitionOffset>>, start: &Offsets| {
-            let mut offsets = from.map(|o| manifest_offsets(o)).unwrap_or_default();
+    /// Input and control positions: the restored checkpoint's for the partitions this
+    /// instance owns (after a rescale it received every old instance's), plus partitions
+    /// added since it was taken at their start position.
+    pub(super) fn positions(&self, restored: Option<&Positions>) -> (Offsets, Offsets) {
+        let merge = |from: Option<&Offsets>, start: &Offsets| {
+            let mut offsets = from.cloned().unwrap_or_default();
             for (p, o) in start {
                 offsets.entry(p.clone()).or_insert(*o);
             }
-            // A control topic dropped from the config since the checkpoint is not read.
+            // Partitions of other instances, and a control topic dropped from the config
+            // since the checkpoint, are not read.
             offsets.retain(|p, _| start.contains_key(p));
             offsets
         };
         (
-            merge(manifest.map(|m| &m.offsets), &self.input),
-            merge(manifest.map(|m| &m.control_offsets), &self.control),
+            merge(restored.map(|r| &r.input), &self.input),
+            merge(restored.map(|r| &r.control), &self.control),
         )
     }
 }

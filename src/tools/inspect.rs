@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::json;
 use streamstate_state::offline::{Entry, RawSnapshot};
+use streamstate_state::snapshot::HexList;
 
 use super::{Origin, fetch};
 use crate::config::Config;
+use crate::source::offset_state;
 
 #[derive(Debug, Default, Serialize, PartialEq, Eq)]
 pub struct StateStats {
@@ -93,9 +95,20 @@ pub fn report(
             "size_bytes": state.total_size(),
         },
         "states": stats(raw)?,
-        "operator_lists": raw.operator_lists.iter().map(|(n, l)| (n.clone(), json!({"mode": l.mode, "entries": l.entries.len()}))).collect::<BTreeMap<_, _>>(),
+        "operator_lists": raw.operator_lists.iter().map(|(n, l)| (n.clone(), operator_list(n, l))).collect::<BTreeMap<_, _>>(),
         "broadcast": raw.broadcast.iter().map(|(n, m)| (n.clone(), m.len())).collect::<BTreeMap<_, _>>(),
     }))
+}
+
+/// An operator list's mode and size; the source's offsets decoded too.
+fn operator_list(name: &str, list: &HexList) -> serde_json::Value {
+    let mut v = json!({"mode": list.mode, "entries": list.entries.len()});
+    match offset_state::decode_stored(name, &list.entries) {
+        Some(Ok(offsets)) => v["offsets"] = json!(offsets),
+        Some(Err(e)) => v["error"] = json!(e),
+        None => {}
+    }
+    v
 }
 
 pub fn run(config: &Config, from: &str) -> anyhow::Result<()> {

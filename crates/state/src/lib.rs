@@ -61,7 +61,10 @@
 //!   [`StateStore::union_list_state`]; broadcast: [`StateStore::broadcast_state`]
 //!   (writable) vs [`StateStore::read_only_broadcast_state`]. Which side of a
 //!   function gets which is the runtime's API (`streamstate::function`: its
-//!   keyed context hands out only the read-only type), not this crate's.
+//!   keyed context hands out only the read-only type), not this crate's. The
+//!   runtime keeps its source's partition offsets in two union lists
+//!   (`streamstate.source_offsets`, `streamstate.control_offsets`), so every
+//!   instance of a rescaled job receives all of them.
 //! - [`StateStore::snapshot`]`(checkpoint_id, dir) -> SnapshotResult` (files
 //!   with relative path, size, SHA-256; serde-serializable for the manifest).
 //!   RocksDB SST names are stable (immutable files) but only unique within

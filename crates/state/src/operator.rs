@@ -50,6 +50,12 @@ impl StateStore {
         self.operator_list(name, Redistribution::Union)
     }
 
+    /// Whether operator list `name` exists, restored or registered (the handle methods
+    /// create it, so they cannot tell an empty list from a missing one).
+    pub fn has_operator_list(&self, name: &str) -> bool {
+        self.lock().operator.lists.contains_key(name)
+    }
+
     fn operator_list<T: StateValue>(
         &self,
         name: &str,

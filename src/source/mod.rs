@@ -1,5 +1,6 @@
 //! The Kafka source: manual assignment of every input partition, offsets kept by the
-//! service (in checkpoints and in the epoch's transaction), never by auto-commit.
+//! service (as the source's operator state in checkpoints, [`offset_state`], and in the
+//! epoch's transaction), never by auto-commit.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -11,6 +12,8 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use crate::checkpoint::{CheckpointRef, offset_metadata, parse_offset_metadata};
 use crate::config::{Config, StartOffsets};
 use crate::kafka_log::LogContext;
+
+pub mod offset_state;
 
 /// `(topic, partition)`; ordered so offsets print and snapshot deterministically.
 pub type Partition = (String, i32);
