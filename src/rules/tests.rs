@@ -370,6 +370,52 @@ fn sessions_merge_when_an_event_bridges_them() {
 }
 
 #[test]
+fn a_closed_windows_distinct_values_are_dropped_and_the_next_window_counts_afresh() {
+    let mut h = event_time();
+    h.rule(agg(
+        "wd",
+        1,
+        json!({"fn": "distinct_count", "field": "/x", "window": {"type": "tumbling", "size": "10s"}}),
+    ));
+    h.rule(agg(
+        "wc",
+        1,
+        json!({"fn": "count", "window": {"type": "tumbling", "size": "10s"}}),
+    ));
+    let distinct = |h: &H| {
+        h.d.store()
+            .state_has_entries("rules.window.distinct")
+            .expect("scan")
+    };
+    h.ev("a", json!({"x": 1}), Some(0));
+    h.ev("a", json!({"x": 2}), Some(1_000));
+    h.ev("a", json!({"x": 2}), Some(2_000));
+    assert!(distinct(&h), "the open window keeps its distinct values");
+    h.ev("a", json!({"x": 1}), Some(11_000)); // watermark 11000 closes [0, 10000)
+    let out = h.fire();
+    let by_rule = |out: &[Value], id: &str| {
+        out.iter()
+            .find(|o| o["rule_id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {out:?}"))["value"]
+            .clone()
+    };
+    assert_eq!(by_rule(&out, "wd"), json!(2), "1 and 2");
+    assert_eq!(by_rule(&out, "wc"), json!(3));
+    h.ev("b", json!({"x": 7}), Some(30_000)); // closes [10000, 20000) of "a"
+    let out = h.fire();
+    assert_eq!(by_rule(&out, "wd"), json!(1), "only 1 in the second window");
+    assert_eq!(by_rule(&out, "wc"), json!(1));
+    assert!(distinct(&h), "b's open window holds its value");
+    // No /x: "wd" writes nothing for "c"; the watermark closes b's window.
+    h.ev("c", json!({}), Some(50_000));
+    h.fire();
+    assert!(
+        !distinct(&h),
+        "every closed window's distinct values are gone"
+    );
+}
+
+#[test]
 fn sessions_stay_apart_beyond_the_gap() {
     let mut h = event_time();
     h.rule(agg(
