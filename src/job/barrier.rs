@@ -62,7 +62,11 @@ impl Job {
             p.config.job.instance, checkpoint.id
         ));
         remove_dir(&staging)?;
-        offset_state::snapshot(p.state.store(), &p.offsets, &p.control_offsets)?;
+        let (offsets, control_offsets) = (
+            partition_offsets(&p.offsets),
+            partition_offsets(&p.control_offsets),
+        );
+        offset_state::snapshot(p.state.store(), &offsets, &control_offsets)?;
         let (state, rest) = p.state.snapshot_deferred(checkpoint.id, &staging)?;
         let snapshot = started.elapsed();
         let manifest = Manifest {
@@ -71,8 +75,8 @@ impl Job {
             app_id: p.config.kafka.app_id.clone(),
             instance: p.config.job.instance,
             created_at_ms: unix_ms(),
-            offsets: partition_offsets(&p.offsets),
-            control_offsets: partition_offsets(&p.control_offsets),
+            offsets,
+            control_offsets,
             producer_pool_size: Some(p.config.checkpoint.producer_pool_size),
             state,
         };

@@ -7,7 +7,6 @@
 //! rescaling N → M needs nothing of its own. Manifest format 1 kept the offsets only in
 //! the manifest: [`restored`] reads them from there for such checkpoints (the migration).
 
-use serde::{Deserialize, Serialize};
 use streamstate_state::{StateError, StateStore};
 
 use crate::checkpoint::{Manifest, PartitionOffset};
@@ -20,14 +19,6 @@ pub const INPUT: &str = "streamstate.source_offsets";
 pub const CONTROL: &str = "streamstate.control_offsets";
 /// The first manifest format whose state holds the two lists.
 pub const SINCE_FORMAT: u32 = 2;
-
-/// One list entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceOffset {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OffsetStateError {
@@ -63,23 +54,15 @@ pub struct Positions {
     pub control: Offsets,
 }
 
-/// At the barrier, before the state snapshot: this instance's positions replace the lists
-/// (after a rescale they held every old instance's entries).
-pub fn snapshot(store: &StateStore, input: &Offsets, control: &Offsets) -> Result<(), StateError> {
-    for (name, offsets) in [(INPUT, input), (CONTROL, control)] {
-        let entries: Vec<SourceOffset> = offsets
-            .iter()
-            .map(|((topic, partition), offset)| SourceOffset {
-                topic: topic.clone(),
-                partition: *partition,
-                offset: *offset,
-            })
-            .collect();
-        store
-            .union_list_state::<SourceOffset>(name)?
-            .update(&entries)?;
-    }
-    Ok(())
+/// At the barrier, before the state snapshot: this instance's positions (the manifest's
+/// entries) replace the lists (after a rescale they held every old instance's entries).
+pub fn snapshot(
+    store: &StateStore,
+    input: &[PartitionOffset],
+    control: &[PartitionOffset],
+) -> Result<(), StateError> {
+    store.union_list_state(INPUT)?.update(input)?;
+    store.union_list_state(CONTROL)?.update(control)
 }
 
 /// The positions `manifest`'s checkpoint resumes at, once its state is restored into
@@ -90,12 +73,9 @@ pub fn snapshot(store: &StateStore, input: &Offsets, control: &Offsets) -> Resul
 pub fn restored(store: &StateStore, manifest: &Manifest) -> Result<Positions, OffsetStateError> {
     let checkpoint = manifest.checkpoint.to_string();
     let (input, control) = if manifest.format_version < SINCE_FORMAT {
-        (
-            manifest.offsets.iter().map(entry).collect(),
-            manifest.control_offsets.iter().map(entry).collect(),
-        )
+        (manifest.offsets.clone(), manifest.control_offsets.clone())
     } else {
-        let read = |list: &'static str| -> Result<Vec<SourceOffset>, OffsetStateError> {
+        let read = |list: &'static str| -> Result<Vec<PartitionOffset>, OffsetStateError> {
             if !store.has_operator_list(list) {
                 return Err(OffsetStateError::Missing {
                     checkpoint: checkpoint.clone(),
@@ -103,7 +83,7 @@ pub fn restored(store: &StateStore, manifest: &Manifest) -> Result<Positions, Of
                     list,
                 });
             }
-            Ok(store.union_list_state::<SourceOffset>(list)?.get()?)
+            Ok(store.union_list_state::<PartitionOffset>(list)?.get()?)
         };
         (read(INPUT)?, read(CONTROL)?)
     };
@@ -111,14 +91,6 @@ pub fn restored(store: &StateStore, manifest: &Manifest) -> Result<Positions, Of
         input: merge(&checkpoint, INPUT, input, Duplicates::Refuse)?,
         control: merge(&checkpoint, CONTROL, control, Duplicates::Lowest)?,
     })
-}
-
-fn entry(o: &PartitionOffset) -> SourceOffset {
-    SourceOffset {
-        topic: o.topic.clone(),
-        partition: o.partition,
-        offset: o.offset,
-    }
 }
 
 enum Duplicates {
@@ -129,7 +101,7 @@ enum Duplicates {
 fn merge(
     checkpoint: &str,
     list: &'static str,
-    entries: Vec<SourceOffset>,
+    entries: Vec<PartitionOffset>,
     duplicates: Duplicates,
 ) -> Result<Offsets, OffsetStateError> {
     let mut out = Offsets::new();
@@ -162,7 +134,7 @@ fn merge(
 pub fn decode_stored(
     name: &str,
     hex_entries: &[String],
-) -> Option<Result<Vec<SourceOffset>, String>> {
+) -> Option<Result<Vec<PartitionOffset>, String>> {
     if name != INPUT && name != CONTROL {
         return None;
     }
@@ -194,6 +166,33 @@ mod tests {
         let config =
             StoreConfig::new(BackendKind::Hashmap, dir.join(name), 4).for_instance(index, count);
         StateStore::open(config).expect("open store")
+    }
+
+    /// [`snapshot`] of two offset maps, as the barrier writes them.
+    fn write(store: &StateStore, input: &Offsets, control: &Offsets) {
+        let entries = |o: &Offsets| -> Vec<PartitionOffset> {
+            o.iter()
+                .map(|((topic, partition), offset)| PartitionOffset {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                })
+                .collect()
+        };
+        snapshot(store, &entries(input), &entries(control)).expect("write lists");
+    }
+
+    /// Snapshots `before` and restores it into a new store of the same instance.
+    fn round_trip(
+        dir: &std::path::Path,
+        before: &StateStore,
+    ) -> (StateStore, streamstate_state::SnapshotResult) {
+        let snap = before.snapshot(1, &dir.join("chk")).expect("snapshot");
+        let after = store(dir, "after", 0, 1);
+        after
+            .restore(&[(dir.join("chk"), snap.clone())])
+            .expect("restore");
+        (after, snap)
     }
 
     fn manifest(
@@ -232,14 +231,8 @@ mod tests {
             offsets(&[("rules", 0, 3)]),
         );
         let before = store(dir.path(), "before", 0, 1);
-        snapshot(&before, &input, &control).expect("write lists");
-        let snap = before
-            .snapshot(1, &dir.path().join("chk"))
-            .expect("snapshot");
-        let after = store(dir.path(), "after", 0, 1);
-        after
-            .restore(&[(dir.path().join("chk"), snap.clone())])
-            .expect("restore");
+        write(&before, &input, &control);
+        let (after, snap) = round_trip(dir.path(), &before);
         // The manifest's copy disagrees on purpose: format 2 restores from the state.
         let m = manifest(FORMAT_VERSION, &[("in", 0, 999)], &[], snap);
         assert_eq!(
@@ -253,13 +246,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         // What the previous version wrote: state without the lists, offsets in the manifest.
         let before = store(dir.path(), "before", 0, 1);
-        let snap = before
-            .snapshot(1, &dir.path().join("chk"))
-            .expect("snapshot");
-        let after = store(dir.path(), "after", 0, 1);
-        after
-            .restore(&[(dir.path().join("chk"), snap.clone())])
-            .expect("restore");
+        let (after, snap) = round_trip(dir.path(), &before);
         let m = manifest(1, &[("in", 0, 10), ("in", 1, 20)], &[("rules", 0, 3)], snap);
         assert_eq!(
             restored(&after, &m).expect("positions"),
@@ -321,7 +308,7 @@ mod tests {
             offsets(&[("tools-1105-1796365791187-0-rules", 0, 0)])
         );
         // The next barrier writes the lists: that checkpoint restores from its state.
-        snapshot(&store, &p.input, &p.control).expect("write lists");
+        write(&store, &p.input, &p.control);
         let next = store
             .snapshot(4, &dir.path().join("chk-4"))
             .expect("snapshot");
@@ -372,7 +359,7 @@ mod tests {
         .enumerate()
         {
             let old = store(dir.path(), &format!("old-{i}"), i as u32, 2);
-            snapshot(&old, &input, &control).expect("write lists");
+            write(&old, &input, &control);
             let target = dir.path().join(format!("part-{i}"));
             parts.push((target.clone(), old.snapshot(1, &target).expect("snapshot")));
         }
@@ -398,22 +385,23 @@ mod tests {
     fn an_input_partition_with_two_offsets_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), "one", 0, 1);
-        s.union_list_state::<SourceOffset>(INPUT)
+        s.union_list_state::<PartitionOffset>(INPUT)
             .expect("list")
             .update(&[
-                SourceOffset {
+                PartitionOffset {
                     topic: "in".into(),
                     partition: 0,
                     offset: 1,
                 },
-                SourceOffset {
+                PartitionOffset {
                     topic: "in".into(),
                     partition: 0,
                     offset: 2,
                 },
             ])
             .expect("update");
-        s.union_list_state::<SourceOffset>(CONTROL).expect("list");
+        s.union_list_state::<PartitionOffset>(CONTROL)
+            .expect("list");
         let snap = s.snapshot(1, &dir.path().join("chk")).expect("snapshot");
         let err = restored(&s, &manifest(FORMAT_VERSION, &[], &[], snap)).expect_err("conflict");
         assert!(
@@ -433,7 +421,7 @@ mod tests {
     fn inspect_decodes_only_the_source_lists() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), "one", 0, 1);
-        snapshot(&s, &offsets(&[("in", 3, 42)]), &Offsets::new()).expect("write");
+        write(&s, &offsets(&[("in", 3, 42)]), &Offsets::new());
         let snap = s.snapshot(1, &dir.path().join("chk")).expect("snapshot");
         let raw = streamstate_state::offline::RawSnapshot::read(
             &dir.path().join("chk"),
@@ -446,7 +434,7 @@ mod tests {
             decode_stored(INPUT, hex)
                 .expect("source list")
                 .expect("decodes"),
-            vec![SourceOffset {
+            vec![PartitionOffset {
                 topic: "in".into(),
                 partition: 3,
                 offset: 42
