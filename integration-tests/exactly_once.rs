@@ -44,7 +44,15 @@ fn crash_five_times_at(
         let mut with_failpoint: Vec<(&str, &str)> =
             env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         with_failpoint.push(("FAILPOINTS", spec.as_str()));
-        let (service, status) = run_until_crash(&job, &with_failpoint, events(1_000, 5, seed), 400);
+        let mut more = events(300, 5, seed + 1_000).into_iter();
+        let (service, status) = run_until_crash(
+            &job,
+            &with_failpoint,
+            events(1_000, 5, seed),
+            400,
+            &mut more,
+        );
+        produced += 300 - more.len();
         assert_eq!(
             status.signal(),
             Some(SIGABRT),

@@ -194,7 +194,10 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
             ),
         ],
     );
-    let mut evs = timed_events(600 * kills.max(5), 3);
+    let planned = 600 * kills.max(5);
+    let mut evs = timed_events(planned + 300, 3);
+    // Later events, for a failpoint run whose chunk did not reach its checkpoint.
+    let mut more = evs.split_off(planned).into_iter();
     // The last 30% go in one chunk per failpoint crash below.
     let tail = evs.split_off(evs.len() * 7 / 10);
     let started = Instant::now();
@@ -218,8 +221,13 @@ fn count_dedup_and_window_rules_keep_exactly_once_under_sigkills_and_failpoint_c
             rng.random_range(0..3)
         };
         let spec = format!("{failpoint}={skip}*off->return");
-        let (service, status) =
-            run_until_crash(&job, &[("FAILPOINTS", spec.as_str())], chunk.to_vec(), 300);
+        let (service, status) = run_until_crash(
+            &job,
+            &[("FAILPOINTS", spec.as_str())],
+            chunk.to_vec(),
+            300,
+            &mut more,
+        );
         assert_eq!(
             status.signal(),
             Some(SIGABRT),

@@ -651,16 +651,24 @@ impl Service {
 
     /// Waits for the process to end by itself.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        self.exited_within(timeout).unwrap_or_else(|| {
+            panic!(
+                "service did not exit within {timeout:?}; log:\n{}",
+                self.log()
+            )
+        })
+    }
+
+    /// The exit status if the process ends within `timeout`, else `None`.
+    pub fn exited_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
+                return Some(status);
             }
-            assert!(
-                Instant::now() < deadline,
-                "service did not exit within {timeout:?}; log:\n{}",
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -932,11 +940,17 @@ pub fn check_exactly_once_reading(
 /// ready (or gone), at `per_second`, so every epoch while it runs has records — a
 /// checkpoint barrier with nothing new is skipped and would not reach the checkpoint's
 /// failpoints. Returns how the process ended (within 90 s).
+/// Runs the service with a failpoint armed while `evs` are fed at `per_second`, and
+/// returns once it has crashed. A failpoint set to fire at the n-th checkpoint fires
+/// only if n checkpoints find new input; a slow machine can take the whole feed in
+/// fewer, so after the feed one record of `more` goes in per checkpoint interval
+/// (300 ms) until the crash. `more` may be empty when the feed always suffices.
 pub fn run_until_crash(
     job: &Job,
     env: &[(&str, &str)],
     evs: Vec<(Option<String>, Vec<u8>)>,
     per_second: u64,
+    more: &mut dyn Iterator<Item = (Option<String>, Vec<u8>)>,
 ) -> (Service, ExitStatus) {
     let mut service = job.spawn_with(&[], env);
     wait_until(
@@ -946,7 +960,24 @@ pub fn run_until_crash(
     );
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(per_second)));
-    let status = service.wait_exit(Duration::from_secs(90));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let top_up = producer();
+    let status = loop {
+        if let Some(status) = service.exited_within(Duration::from_millis(300)) {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "service did not crash within 90s; log:\n{}",
+            service.log()
+        );
+        if feeder.is_finished()
+            && let Some((key, value)) = more.next()
+        {
+            produce(&top_up, &job.input, key.as_deref(), &value);
+            flush(&top_up);
+        }
+    };
     feeder.join().expect("feeder");
     (service, status)
 }
