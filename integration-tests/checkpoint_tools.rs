@@ -156,7 +156,7 @@ fn restore_checkpoint(f: &Fixture, work: &Path) -> StateStore {
     let store = StateStore::open(StoreConfig::new(
         BackendKind::Rocksdb,
         work.join("state"),
-        m.state.max_parallelism,
+        m.state.identity.max_parallelism,
     ))
     .expect("open");
     store.restore(&[(files, m.state)]).expect("restore");
@@ -568,10 +568,16 @@ fn check_restore_schema_changes_then_the_migrated_restore_succeeds() {
     let fetched = fetch(&config, &f.checkpoint, true).unwrap();
     let meta = RawSnapshot::read_meta(&fetched.dir).unwrap();
     let verdict = |declared: &[streamstate_state::StateDeclaration]| {
-        check(&meta.states, meta.max_parallelism, declared, None, false)
-            .into_iter()
-            .map(|l| (l.name, l.verdict, l.reason))
-            .collect::<Vec<_>>()
+        check(
+            &meta.part.states,
+            meta.part.identity.max_parallelism,
+            declared,
+            None,
+            false,
+        )
+        .into_iter()
+        .map(|l| (l.name, l.verdict, l.reason))
+        .collect::<Vec<_>>()
     };
     // Unchanged, plus a new state: keep + new.
     let v = verdict(&[

@@ -126,24 +126,27 @@ pub fn create(
         };
         let manifest = storage.read_manifest(&chosen)?;
         let r = &manifest.state;
-        let expected = KeyGroupRange::for_instance(r.max_parallelism, instances, i);
-        if manifest.instance != i || r.instance_count != instances || r.key_group_range != expected
+        let expected = KeyGroupRange::for_instance(r.identity.max_parallelism, instances, i);
+        if manifest.instance != i
+            || r.identity.instance_count != instances
+            || r.identity.key_group_range != expected
         {
             return Err(incomplete(format!(
                 "savepoint {} is instance {} of {} (key groups {}), not instance {i} of {instances} ({expected})",
                 savepoint::savepoint_id(&chosen),
                 manifest.instance,
-                r.instance_count,
-                r.key_group_range
+                r.identity.instance_count,
+                r.identity.key_group_range
             )));
         }
-        if *max_parallelism.get_or_insert(r.max_parallelism) != r.max_parallelism {
+        if *max_parallelism.get_or_insert(r.identity.max_parallelism) != r.identity.max_parallelism
+        {
             return Err(incomplete("parts disagree on max_parallelism".into()));
         }
         parts.push(SetPart {
             instance: i,
             savepoint: savepoint::savepoint_id(&chosen),
-            key_groups: r.key_group_range,
+            key_groups: r.identity.key_group_range,
             offsets: manifest.offsets.clone(),
             control_offsets: manifest.control_offsets.clone(),
         });

@@ -155,7 +155,7 @@ pub(crate) mod suite {
     use super::*;
     use sha2::{Digest, Sha256};
     use streamstate_state::{
-        BackendKind, KeyGroupRange, KeyedFormat, SnapshotFile, SnapshotResult,
+        BackendKind, KeyGroupRange, KeyedFormat, SnapshotFile, SnapshotIdentity, SnapshotResult,
     };
 
     /// Writes `files` (path, content) under `src` and returns a manifest listing them.
@@ -186,13 +186,15 @@ pub(crate) mod suite {
             producer_pool_size: Some(3),
             state: SnapshotResult {
                 format_version: 1,
-                checkpoint_id: c.id,
                 backend: BackendKind::Rocksdb,
                 keyed_format: KeyedFormat::RocksdbCheckpoint,
-                max_parallelism: 4,
-                key_group_range: KeyGroupRange::new(0, 3),
-                instance_index: 0,
-                instance_count: 1,
+                identity: SnapshotIdentity {
+                    checkpoint_id: c.id,
+                    max_parallelism: 4,
+                    key_group_range: KeyGroupRange::new(0, 3),
+                    instance_index: 0,
+                    instance_count: 1,
+                },
                 files: listed,
             },
         }

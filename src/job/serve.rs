@@ -283,7 +283,7 @@ pub(super) fn restore_savepoint(
         }
         warn!(savepoint = %id, "{detail}; restoring anyway (--ignore-committed-offsets): NOT exactly-once across this restart");
     }
-    let store = super::fresh_store(config, manifest.state.max_parallelism)?;
+    let store = super::fresh_store(config, manifest.state.identity.max_parallelism)?;
     restore_into(config, storage.as_ref(), &manifest, |from| {
         Ok(store.restore(&[from])?)
     })?;

@@ -230,11 +230,11 @@ impl Job {
         // several instances, an explicit setting, or the internal topic need exactly theirs.
         if let Some(m) = &manifest
             && (instances > 1 || config.state.max_parallelism.is_some() || internal.is_some())
-            && m.state.max_parallelism != max_parallelism
+            && m.state.identity.max_parallelism != max_parallelism
         {
             return Err(JobError::MaxParallelism {
                 what: format!("checkpoint {}", m.checkpoint),
-                found: m.state.max_parallelism,
+                found: m.state.identity.max_parallelism,
                 expected: max_parallelism,
             });
         }
@@ -351,7 +351,7 @@ fn read_and_restore(
     checkpoint: &CheckpointRef,
 ) -> Result<(StateStore, Manifest), JobError> {
     let manifest = storage.read_manifest(checkpoint)?;
-    let store = fresh_store(config, manifest.state.max_parallelism)?;
+    let store = fresh_store(config, manifest.state.identity.max_parallelism)?;
     restore_into(config, storage, &manifest, |from| {
         Ok(store.restore(&[from])?)
     })?;

@@ -429,7 +429,7 @@ mod tests {
             &dir.path().join("scratch"),
         )
         .expect("read");
-        let hex = &raw.operator_lists[INPUT].entries;
+        let hex = &raw.part.operator_lists[INPUT].entries;
         assert_eq!(
             decode_stored(INPUT, hex)
                 .expect("source list")

@@ -219,7 +219,7 @@ pub fn report(
     // States the function creates on demand are judged against themselves: kept.
     let prefixes = crate::functions::dynamic_state_prefixes(config.job.function);
     let mut declared = declared.to_vec();
-    for s in &meta.states {
+    for s in &meta.part.states {
         if prefixes.iter().any(|p| s.name.starts_with(p))
             && !declared.iter().any(|d| d.name == s.name)
             && let Some(schema) = &s.schema
@@ -234,8 +234,8 @@ pub fn report(
         }
     }
     let lines = check(
-        &meta.states,
-        meta.max_parallelism,
+        &meta.part.states,
+        meta.part.identity.max_parallelism,
         &declared,
         config.state.max_parallelism,
         allow_drop,

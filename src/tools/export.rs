@@ -5,7 +5,6 @@
 //! Bytes are hex; a typed `value` is added where [`super::decoders`] knows the state.
 //! `import` reads the same format back (see docs/checkpoint-tools.md).
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -13,8 +12,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use streamstate_state::offline::{Entry, RawSnapshot};
-use streamstate_state::snapshot::HexList;
-use streamstate_state::{KeyGroupRange, StateKind, StateMeta, TimeDomain};
+use streamstate_state::{PartMeta, StateKind, TimeDomain};
 
 use super::decoders::{Registry, for_function};
 use super::{Origin, fetch};
@@ -37,14 +35,9 @@ pub struct Header {
     pub version: u32,
     /// Where the state came from and the offsets that belong to it.
     pub origin: Origin,
-    pub checkpoint_id: u64,
-    pub max_parallelism: u32,
-    pub key_group_range: KeyGroupRange,
-    pub instance_index: u32,
-    pub instance_count: u32,
-    pub states: Vec<StateMeta>,
-    pub operator_lists: BTreeMap<String, HexList>,
-    pub broadcast: BTreeMap<String, Vec<(String, String)>>,
+    /// The exported part's identity, registry and operator state, as its meta file has them.
+    #[serde(flatten)]
+    pub part: PartMeta,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,14 +98,7 @@ pub fn header(raw: &RawSnapshot, origin: &Origin) -> Header {
         format: FORMAT.into(),
         version: VERSION,
         origin: origin.clone(),
-        checkpoint_id: raw.checkpoint_id,
-        max_parallelism: raw.max_parallelism,
-        key_group_range: raw.key_group_range,
-        instance_index: raw.instance_index,
-        instance_count: raw.instance_count,
-        states: raw.states.clone(),
-        operator_lists: raw.operator_lists.clone(),
-        broadcast: raw.broadcast.clone(),
+        part: raw.part.clone(),
     }
 }
 

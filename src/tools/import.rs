@@ -35,19 +35,12 @@ pub fn parse(reader: impl BufRead, codecs: &Registry) -> anyhow::Result<(RawSnap
             header.version
         );
     }
+    let mp = header.part.identity.max_parallelism;
     let mut raw = RawSnapshot {
-        checkpoint_id: header.checkpoint_id,
-        max_parallelism: header.max_parallelism,
-        key_group_range: header.key_group_range,
-        instance_index: header.instance_index,
-        instance_count: header.instance_count,
-        states: header.states.clone(),
-        operator_lists: header.operator_lists.clone(),
-        broadcast: header.broadcast.clone(),
+        part: header.part,
         entries: Default::default(),
     };
     let mut entries = Vec::new();
-    let mp = header.max_parallelism;
     for (i, line) in lines {
         let n = i + 1;
         let line: Line = serde_json::from_str(&line?).with_context(|| format!("line {n}"))?;
@@ -159,7 +152,7 @@ pub fn run(config: &Config, jsonl: &Path, savepoint_dir: &Path) -> anyhow::Resul
     )?;
     println!(
         "{}",
-        serde_json::json!({"savepoint": savepoint_dir, "entries": raw.entries.len(), "states": raw.states.len(), "size_bytes": m.state.total_size(), "origin": origin.source})
+        serde_json::json!({"savepoint": savepoint_dir, "entries": raw.entries.len(), "states": raw.part.states.len(), "size_bytes": m.state.total_size(), "origin": origin.source})
     );
     Ok(())
 }

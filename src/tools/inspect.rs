@@ -29,7 +29,7 @@ pub struct StateStats {
 pub fn stats(raw: &RawSnapshot) -> anyhow::Result<BTreeMap<String, StateStats>> {
     let mut out: BTreeMap<String, StateStats> = BTreeMap::new();
     let mut keys: BTreeMap<String, std::collections::BTreeSet<Vec<u8>>> = BTreeMap::new();
-    for s in &raw.states {
+    for s in &raw.part.states {
         out.insert(
             s.name.clone(),
             StateStats {
@@ -84,19 +84,19 @@ pub fn report(
         "offsets": origin.offsets,
         "control_offsets": origin.control_offsets,
         "snapshot": {
-            "checkpoint_id": state.checkpoint_id,
+            "checkpoint_id": state.identity.checkpoint_id,
             "backend": state.backend,
             "keyed_format": state.keyed_format,
-            "max_parallelism": state.max_parallelism,
-            "key_group_range": state.key_group_range,
-            "instance_index": state.instance_index,
-            "instance_count": state.instance_count,
+            "max_parallelism": state.identity.max_parallelism,
+            "key_group_range": state.identity.key_group_range,
+            "instance_index": state.identity.instance_index,
+            "instance_count": state.identity.instance_count,
             "files": state.files.len(),
             "size_bytes": state.total_size(),
         },
         "states": stats(raw)?,
-        "operator_lists": raw.operator_lists.iter().map(|(n, l)| (n.clone(), operator_list(n, l))).collect::<BTreeMap<_, _>>(),
-        "broadcast": raw.broadcast.iter().map(|(n, m)| (n.clone(), m.len())).collect::<BTreeMap<_, _>>(),
+        "operator_lists": raw.part.operator_lists.iter().map(|(n, l)| (n.clone(), operator_list(n, l))).collect::<BTreeMap<_, _>>(),
+        "broadcast": raw.part.broadcast.iter().map(|(n, m)| (n.clone(), m.len())).collect::<BTreeMap<_, _>>(),
     }))
 }
 

@@ -57,7 +57,7 @@ pub fn write(
         .prefix("streamstate-savepoint-")
         .tempdir()
         .context("scratch directory")?;
-    let state = raw.write_savepoint(raw.checkpoint_id, work.path(), out_dir)?;
+    let state = raw.write_savepoint(raw.part.identity.checkpoint_id, work.path(), out_dir)?;
     let manifest = SavepointManifest {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
@@ -104,7 +104,7 @@ pub fn read(dir: &Path) -> anyhow::Result<(Origin, SnapshotResult)> {
     let origin = Origin {
         source: dir.display().to_string(),
         app_id: String::new(),
-        instance: state.instance_index,
+        instance: state.identity.instance_index,
         created_at_ms: 0,
         offsets: Vec::new(),
         control_offsets: Vec::new(),

@@ -68,21 +68,21 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
                 (1..=MAX_MAX_PARALLELISM).contains(&n),
                 "max_parallelism {n} not in 1..={MAX_MAX_PARALLELISM}"
             );
-            let old = raw.max_parallelism;
+            let old = raw.part.identity.max_parallelism;
             for e in &mut entries {
                 let kg = key_group_for(e.key(), n);
                 *e.key_group_mut() = kg;
             }
-            raw.max_parallelism = n;
-            raw.key_group_range = KeyGroupRange::all(n);
-            json!({"operation": "rekey", "max_parallelism": {"from": old, "to": n}, "key_group_range": raw.key_group_range, "entries": entries.len()})
+            raw.part.identity.max_parallelism = n;
+            raw.part.identity.key_group_range = KeyGroupRange::all(n);
+            json!({"operation": "rekey", "max_parallelism": {"from": old, "to": n}, "key_group_range": raw.part.identity.key_group_range, "entries": entries.len()})
         }
         Op::DropState { name } => {
             ensure!(
                 raw.state(name).is_some(),
                 "no state '{name}' in the snapshot"
             );
-            raw.states.retain(|s| &s.name != name);
+            raw.part.states.retain(|s| &s.name != name);
             let before = entries.len();
             entries.retain(|e| !matches!(e, Entry::State { state, .. } if state == name));
             json!({"operation": "drop-state", "state": name, "entries_removed": before - entries.len()})
@@ -94,7 +94,7 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
             );
             ensure!(raw.state(to).is_none(), "state '{to}' already exists");
             ensure!(!to.is_empty(), "the new name is empty");
-            for s in &mut raw.states {
+            for s in &mut raw.part.states {
                 if &s.name == from {
                     s.name = to.clone();
                 }
@@ -116,6 +116,7 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
             last_access_ms,
         } => {
             let meta = raw
+                .part
                 .states
                 .iter_mut()
                 .find(|s| &s.name == name)
@@ -173,7 +174,7 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
                 "operation": "delete-key",
                 "key": String::from_utf8(k.clone()).ok(),
                 "key_hex": hex::encode(&k),
-                "key_group": key_group_for(&k, raw.max_parallelism),
+                "key_group": key_group_for(&k, raw.part.identity.max_parallelism),
                 "removed": by_state,
                 "timers_removed": timers,
                 "total_removed": total,

@@ -176,9 +176,9 @@ fn export_import_round_trip_is_byte_identical_for_every_kind() {
         );
         let back = RawSnapshot::read(&sp, &state, &dir.path().join("logs2")).unwrap();
         assert_eq!(export_lines(&back), export_lines(&raw));
-        assert_eq!(back.states, raw.states);
-        assert_eq!(back.operator_lists, raw.operator_lists);
-        assert_eq!(back.broadcast, raw.broadcast);
+        assert_eq!(back.part.states, raw.part.states);
+        assert_eq!(back.part.operator_lists, raw.part.operator_lists);
+        assert_eq!(back.part.broadcast, raw.part.broadcast);
         // Restored, the savepoint reads exactly like the source.
         let a = StateStore::open_with_clock(
             StoreConfig::new(BackendKind::Rocksdb, dir.path().join("a"), 128),
@@ -284,7 +284,7 @@ fn delete_key_removes_it_from_every_state_and_nothing_else() {
         kept,
         "everything else is untouched"
     );
-    assert_eq!(changed.operator_lists, raw.operator_lists);
+    assert_eq!(changed.part.operator_lists, raw.part.operator_lists);
 }
 
 #[test]
@@ -439,7 +439,7 @@ fn metas() -> (Vec<StateMeta>, Vec<StateDeclaration>) {
         MapStateDescriptor::<String, i64>::new("totals").declaration(),
         ReducingStateDescriptor::<u64>::new("max", |a: &u64, b: &u64| *a.max(b)).declaration(),
     ];
-    (meta.states, declared)
+    (meta.part.states, declared)
 }
 
 fn verdicts(lines: &[super::check_restore::Line]) -> Vec<(String, Verdict)> {
@@ -527,12 +527,12 @@ fn count_declares_exactly_what_it_registers() {
     store.snapshot(1, &dir.path().join("snap")).unwrap();
     let meta = RawSnapshot::read_meta(&dir.path().join("snap")).unwrap();
     let declared = crate::functions::Count::declared_states();
-    let lines = check(&meta.states, 4, &declared, None, false);
+    let lines = check(&meta.part.states, 4, &declared, None, false);
     assert!(
         lines.iter().all(|l| matches!(l.verdict, Verdict::Keep)),
         "{lines:?}"
     );
-    assert_eq!(meta.states.len(), declared.len());
+    assert_eq!(meta.part.states.len(), declared.len());
 }
 
 #[test]
@@ -558,6 +558,7 @@ fn the_rule_engine_declares_exactly_what_it_registers() {
         let meta = RawSnapshot::read_meta(&dir.path().join("snap")).unwrap();
         let declared = crate::rules::RuleEngine::declared_states(state_ttl);
         let keyed: Vec<_> = meta
+            .part
             .states
             .iter()
             .filter(|s| s.name.starts_with("rules."))

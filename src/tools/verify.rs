@@ -42,8 +42,8 @@ pub fn problems(config: &Config, from: &str) -> anyhow::Result<(String, Vec<Stri
     if out.is_empty() {
         match RawSnapshot::read_meta(&dir) {
             Ok(meta)
-                if meta.max_parallelism != state.max_parallelism
-                    || meta.key_group_range != state.key_group_range =>
+                if meta.part.identity.max_parallelism != state.identity.max_parallelism
+                    || meta.part.identity.key_group_range != state.identity.key_group_range =>
             {
                 out.push(format!(
                     "{}: disagrees with the manifest (key groups)",

@@ -21,7 +21,7 @@ use crate::keyed::StateValue;
 use crate::keygroup::key_group_for;
 use crate::layout;
 use crate::store::StateStore;
-use crate::ttl::{StateVisibility, TS_LEN, read_ts};
+use crate::ttl::{OnRead, TS_LEN, read_ts};
 
 /// Decodes stored postcard bytes of one type into JSON.
 pub type DecodeFn = fn(&[u8]) -> std::result::Result<Value, String>;
@@ -115,10 +115,12 @@ impl StateStore {
                         meta.name
                     ))
                 })?;
-                let expired = ttl.is_expired(ts, now);
-                if expired && ttl.visibility == StateVisibility::NeverReturnExpired {
-                    return Ok(None);
-                }
+                // What a read would return, without the read's cleanup or refresh.
+                let expired = match ttl.on_read(ts, now, false) {
+                    OnRead::Expired { visible: false } => return Ok(None),
+                    OnRead::Expired { visible: true } => true,
+                    OnRead::Live { .. } => false,
+                };
                 Ok(Some((
                     stored[TS_LEN..].to_vec(),
                     json!(ts.saturating_add(ttl.ttl_ms)),

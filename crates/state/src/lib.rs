@@ -9,11 +9,11 @@
 //! | [`store`] | [`StateStore`]: backend, current key/namespace, state registry |
 //! | [`descriptor`] | state descriptors: name, type, default, TTL |
 //! | [`keyed`] | typed keyed state: value, list, map, reducing, aggregating |
-//! | [`ttl`] | TTL config: update type, visibility, cleanup strategies |
+//! | [`ttl`] | TTL config, and every expiry decision: what a read sees, what cleanup drops |
 //! | [`inspect`] | one key's state as JSON (admin state lookup), decoders per state |
 //! | [`timers`] | event/processing-time timers per key and namespace |
 //! | [`operator`] | operator list/union state, broadcast state (read-only vs writable types) |
-//! | [`snapshot`] | snapshots (checksummed), restore with rescale, canonical savepoints |
+//! | [`snapshot`] | snapshots (checksummed), their [`SnapshotIdentity`], restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
@@ -66,7 +66,9 @@
 //!   (`streamstate.source_offsets`, `streamstate.control_offsets`), so every
 //!   instance of a rescaled job receives all of them.
 //! - [`StateStore::snapshot`]`(checkpoint_id, dir) -> SnapshotResult` (files
-//!   with relative path, size, SHA-256; serde-serializable for the manifest).
+//!   with relative path, size, SHA-256, and the part's [`SnapshotIdentity`]:
+//!   checkpoint id, max parallelism, key-group range, instance;
+//!   serde-serializable for the manifest).
 //!   RocksDB SST names are stable (immutable files) but only unique within
 //!   one restore generation: deduplicate by (name, SHA-256).
 //! - [`StateStore::restore`]`(&[(dir, SnapshotResult)])`: pass every part of
@@ -107,7 +109,9 @@ pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue
 pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
-pub use snapshot::{DeferredSnapshot, KeyedFormat, SnapshotFile, SnapshotResult};
+pub use snapshot::{
+    DeferredSnapshot, KeyedFormat, PartMeta, SnapshotFile, SnapshotIdentity, SnapshotResult,
+};
 pub use store::{StateMeta, StateStore, StoreConfig, default_cache_bytes_for};
 pub use timers::{TimeDomain, Timer};
 pub use ttl::{CleanupStrategies, StateVisibility, TtlConfig, UpdateType};

@@ -15,14 +15,13 @@ use crate::backend::{BackendKind, KvBackend};
 use crate::clock::ManualClock;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};
-use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID, TIMER_EVENT, TIMER_PROCESSING};
 use crate::operator::{OperatorList, OperatorStates};
 use crate::snapshot::{
-    HexList, KEYED_FILE, KeyedFormat, META_FILE, MetaFile, SnapshotResult, read_canonical,
+    KEYED_FILE, KeyedFormat, META_FILE, MetaFile, PartMeta, SnapshotResult, read_canonical,
     read_meta, verify_file,
 };
-use crate::store::{StateMeta, StateStore, StoreConfig};
+use crate::store::{StateMeta, StateStore};
 use crate::timers::TimeDomain;
 use crate::ttl::{TS_LEN, read_ts};
 
@@ -120,14 +119,7 @@ pub fn verify_snapshot(dir: &Path, result: &SnapshotResult) -> Vec<StateError> {
 /// A whole snapshot part in memory: its meta and raw storage entries.
 #[derive(Debug, Clone)]
 pub struct RawSnapshot {
-    pub checkpoint_id: u64,
-    pub max_parallelism: u32,
-    pub key_group_range: KeyGroupRange,
-    pub instance_index: u32,
-    pub instance_count: u32,
-    pub states: Vec<StateMeta>,
-    pub operator_lists: BTreeMap<String, HexList>,
-    pub broadcast: BTreeMap<String, Vec<(String, String)>>,
+    pub part: PartMeta,
     /// Storage key → stored value, in key order.
     pub entries: BTreeMap<Vec<u8>, Vec<u8>>,
 }
@@ -145,6 +137,7 @@ impl RawSnapshot {
             return Err(e);
         }
         let meta = read_meta(dir)?;
+        let range = meta.part.identity.key_group_range;
         let mut entries = BTreeMap::new();
         let mut put = |k: &[u8], v: &[u8]| -> Result<()> {
             entries.insert(k.to_vec(), v.to_vec());
@@ -153,27 +146,19 @@ impl RawSnapshot {
         match result.keyed_format {
             KeyedFormat::Canonical => read_canonical(&dir.join(KEYED_FILE), &mut put)?,
             KeyedFormat::RocksdbCheckpoint => {
-                let (start, end) =
-                    layout::key_group_bounds(meta.key_group_range.start, meta.key_group_range.end);
+                let (start, end) = layout::key_group_bounds(range.start, range.end);
                 std::fs::create_dir_all(scratch).at(scratch)?;
                 scan_checkpoint(&dir.join("db"), scratch, &start, &end, &mut put)?
             }
         }
         Ok(Self {
-            checkpoint_id: meta.checkpoint_id,
-            max_parallelism: meta.max_parallelism,
-            key_group_range: meta.key_group_range,
-            instance_index: meta.instance_index,
-            instance_count: meta.instance_count,
-            states: meta.states,
-            operator_lists: meta.operator_lists,
-            broadcast: meta.broadcast,
+            part: meta.part,
             entries,
         })
     }
 
     pub fn state(&self, name: &str) -> Option<&StateMeta> {
-        self.states.iter().find(|s| s.name == name)
+        self.part.states.iter().find(|s| s.name == name)
     }
 
     /// Decodes one stored entry.
@@ -200,6 +185,7 @@ impl RawSnapshot {
             )));
         }
         let meta = self
+            .part
             .states
             .iter()
             .find(|s| s.id == parts.state)
@@ -332,30 +318,26 @@ impl RawSnapshot {
     ) -> Result<SnapshotResult> {
         for k in self.entries.keys() {
             let kg = u16::from_be_bytes([k[0], k[1]]) as u32;
-            if !self.key_group_range.contains(kg) || kg >= self.max_parallelism {
+            let id = &self.part.identity;
+            if !id.key_group_range.contains(kg) || kg >= id.max_parallelism {
                 return Err(StateError::Invalid(format!(
                     "entry {} is in key group {kg}, outside the range {} of max_parallelism {}",
                     hex::encode(k),
-                    self.key_group_range,
-                    self.max_parallelism
+                    id.key_group_range,
+                    id.max_parallelism
                 )));
             }
         }
-        let config = StoreConfig {
-            backend: BackendKind::Hashmap,
-            work_dir: work_dir.to_path_buf(),
-            max_parallelism: self.max_parallelism,
-            key_group_range: self.key_group_range,
-            instance_index: self.instance_index,
-            instance_count: self.instance_count,
-            // A one-shot bulk load: nothing is read twice.
-            cache_bytes: 0,
-        };
+        // A one-shot bulk load: nothing is read twice, so no cache.
+        let config = self
+            .part
+            .identity
+            .store_config(BackendKind::Hashmap, work_dir, 0);
         // Time 0: nothing counts as expired, so full-snapshot TTL cleanup keeps every entry.
         let store = StateStore::open_with_clock(config, Arc::new(ManualClock::new(0)))?;
         {
             let mut g = store.lock();
-            for s in &self.states {
+            for s in &self.part.states {
                 g.install(Arc::new(s.clone()));
             }
             let entries: Vec<(Vec<u8>, Vec<u8>)> = self
@@ -366,7 +348,7 @@ impl RawSnapshot {
             g.backend.put_many(&entries)?;
             let bad = |e: hex::FromHexError| StateError::Invalid(format!("operator state: {e}"));
             let mut lists = BTreeMap::new();
-            for (name, l) in &self.operator_lists {
+            for (name, l) in &self.part.operator_lists {
                 let entries = l
                     .entries
                     .iter()
@@ -381,7 +363,7 @@ impl RawSnapshot {
                 );
             }
             let mut broadcast = BTreeMap::new();
-            for (name, m) in &self.broadcast {
+            for (name, m) in &self.part.broadcast {
                 let mut map = BTreeMap::new();
                 for (k, v) in m {
                     map.insert(hex::decode(k).map_err(bad)?, hex::decode(v).map_err(bad)?);

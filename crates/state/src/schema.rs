@@ -249,7 +249,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let snap = v1_snapshot(dir.path(), backend);
             let meta = crate::offline::RawSnapshot::read_meta(&snap.0).unwrap();
-            let count = meta.states.iter().find(|s| s.name == "count").unwrap();
+            let count = meta.part.states.iter().find(|s| s.name == "count").unwrap();
             assert_eq!(count.schema, Some(SchemaMeta::new("u64", 1)));
             let clock = ManualClock::new(2_000);
             let store = restored(&dir.path().join("b"), &snap, &clock);
@@ -290,7 +290,7 @@ mod tests {
             // The next snapshot records version 2.
             store.snapshot(2, &dir.path().join("snap2")).unwrap();
             let meta = crate::offline::RawSnapshot::read_meta(&dir.path().join("snap2")).unwrap();
-            let count = meta.states.iter().find(|s| s.name == "count").unwrap();
+            let count = meta.part.states.iter().find(|s| s.name == "count").unwrap();
             assert_eq!(count.schema.as_ref().map(|s| s.version), Some(2));
         }
     }

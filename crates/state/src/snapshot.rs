@@ -37,7 +37,8 @@ use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::{OperatorList, OperatorStates, Redistribution};
-use crate::store::{Expiry, Inner, StateMeta, StateStore, expire_value, open_backend};
+use crate::store::{Inner, StateMeta, StateStore, StoreConfig, open_backend};
+use crate::ttl::{self, Expiry};
 
 pub const FORMAT_VERSION: u32 = 1;
 pub const META_FILE: &str = "state-meta.json";
@@ -69,14 +70,68 @@ pub struct SnapshotFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotResult {
     pub format_version: u32,
-    pub checkpoint_id: u64,
     pub backend: BackendKind,
     pub keyed_format: KeyedFormat,
+    #[serde(flatten)]
+    pub identity: SnapshotIdentity,
+    pub files: Vec<SnapshotFile>,
+}
+
+/// Which checkpoint a snapshot part belongs to and which key groups of which instance it
+/// holds. Every form of a part (its result, its meta file, a part in memory, an export)
+/// carries this one struct, so restore, rescale and the offline tools read the same
+/// fields, and the JSON keys stay those of the flat layout written before it existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotIdentity {
+    pub checkpoint_id: u64,
     pub max_parallelism: u32,
     pub key_group_range: KeyGroupRange,
     pub instance_index: u32,
     pub instance_count: u32,
-    pub files: Vec<SnapshotFile>,
+}
+
+impl SnapshotIdentity {
+    /// The part a store configured as `config` writes for `checkpoint_id`.
+    pub fn of(config: &StoreConfig, checkpoint_id: u64) -> Self {
+        Self {
+            checkpoint_id,
+            max_parallelism: config.max_parallelism,
+            key_group_range: config.key_group_range,
+            instance_index: config.instance_index,
+            instance_count: config.instance_count,
+        }
+    }
+
+    /// A store config that owns exactly this part's key groups (for offline tools that
+    /// load a part into a store of their own).
+    pub fn store_config(
+        &self,
+        backend: BackendKind,
+        work_dir: &Path,
+        cache_bytes: u64,
+    ) -> StoreConfig {
+        StoreConfig {
+            backend,
+            work_dir: work_dir.to_path_buf(),
+            max_parallelism: self.max_parallelism,
+            key_group_range: self.key_group_range,
+            instance_index: self.instance_index,
+            instance_count: self.instance_count,
+            cache_bytes,
+        }
+    }
+}
+
+/// A snapshot part apart from its keyed entries: its identity, the state registry and the
+/// operator and broadcast state. Written into `state-meta.json`, held by
+/// [`crate::offline::RawSnapshot`] and by an export's header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartMeta {
+    #[serde(flatten)]
+    pub identity: SnapshotIdentity,
+    pub states: Vec<StateMeta>,
+    pub operator_lists: BTreeMap<String, HexList>,
+    pub broadcast: BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl SnapshotResult {
@@ -98,16 +153,10 @@ pub struct HexList {
 pub struct MetaFile {
     pub format: String,
     pub version: u32,
-    pub checkpoint_id: u64,
     pub backend: BackendKind,
     pub keyed_format: KeyedFormat,
-    pub max_parallelism: u32,
-    pub key_group_range: KeyGroupRange,
-    pub instance_index: u32,
-    pub instance_count: u32,
-    pub states: Vec<StateMeta>,
-    pub operator_lists: BTreeMap<String, HexList>,
-    pub broadcast: BTreeMap<String, Vec<(String, String)>>,
+    #[serde(flatten)]
+    pub part: PartMeta,
 }
 
 /// Hashes what it writes, so a snapshot file is read once, not twice.
@@ -246,7 +295,7 @@ impl Inner {
                             .filter(|t| t.cleanup.full_snapshot)
                             .map(|t| (m.kind, t))
                     }) {
-                        match expire_value(ttl.0, ttl.1, v, now)? {
+                        match ttl::expire(ttl.0, ttl.1, v, now)? {
                             Expiry::Keep => {}
                             Expiry::Remove => return Ok(()),
                             Expiry::Rewrite(nv) => value = std::borrow::Cow::Owned(nv),
@@ -285,41 +334,39 @@ impl Inner {
         MetaFile {
             format: "streamstate-state-meta".into(),
             version: FORMAT_VERSION,
-            checkpoint_id,
             backend: self.config.backend,
             keyed_format,
-            max_parallelism: self.config.max_parallelism,
-            key_group_range: self.config.key_group_range,
-            instance_index: self.config.instance_index,
-            instance_count: self.config.instance_count,
-            states,
-            operator_lists: self
-                .operator
-                .lists
-                .iter()
-                .map(|(n, l)| {
-                    (
-                        n.clone(),
-                        HexList {
-                            mode: l.mode,
-                            entries: l.entries.iter().map(hex::encode).collect(),
-                        },
-                    )
-                })
-                .collect(),
-            broadcast: self
-                .operator
-                .broadcast
-                .iter()
-                .map(|(n, m)| {
-                    (
-                        n.clone(),
-                        m.iter()
-                            .map(|(k, v)| (hex::encode(k), hex::encode(v)))
-                            .collect(),
-                    )
-                })
-                .collect(),
+            part: PartMeta {
+                identity: SnapshotIdentity::of(&self.config, checkpoint_id),
+                states,
+                operator_lists: self
+                    .operator
+                    .lists
+                    .iter()
+                    .map(|(n, l)| {
+                        (
+                            n.clone(),
+                            HexList {
+                                mode: l.mode,
+                                entries: l.entries.iter().map(hex::encode).collect(),
+                            },
+                        )
+                    })
+                    .collect(),
+                broadcast: self
+                    .operator
+                    .broadcast
+                    .iter()
+                    .map(|(n, m)| {
+                        (
+                            n.clone(),
+                            m.iter()
+                                .map(|(k, v)| (hex::encode(k), hex::encode(v)))
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+            },
         }
     }
 
@@ -359,13 +406,9 @@ impl Inner {
         files.push(mf);
         let mut result = SnapshotResult {
             format_version: FORMAT_VERSION,
-            checkpoint_id,
             backend: self.config.backend,
             keyed_format,
-            max_parallelism: self.config.max_parallelism,
-            key_group_range: self.config.key_group_range,
-            instance_index: self.config.instance_index,
-            instance_count: self.config.instance_count,
+            identity: meta.part.identity,
             files,
         };
         let rest = native.map(|pending| DeferredSnapshot {
@@ -627,15 +670,15 @@ impl StateStore {
                     r.format_version
                 )));
             }
-            if r.max_parallelism != g.config.max_parallelism {
+            if r.identity.max_parallelism != g.config.max_parallelism {
                 return Err(StateError::Incompatible(format!(
                     "{}: max_parallelism {} differs from this store's {}",
                     dir.display(),
-                    r.max_parallelism,
+                    r.identity.max_parallelism,
                     g.config.max_parallelism
                 )));
             }
-            let needed = r.key_group_range.intersects(&range);
+            let needed = r.identity.key_group_range.intersects(&range);
             let meta_entry = r
                 .files
                 .iter()
@@ -650,8 +693,8 @@ impl StateStore {
                 }
             }
             let meta = read_meta(dir)?;
-            if meta.max_parallelism != r.max_parallelism
-                || meta.key_group_range != r.key_group_range
+            if meta.part.identity.max_parallelism != r.identity.max_parallelism
+                || meta.part.identity.key_group_range != r.identity.key_group_range
             {
                 return Err(StateError::Corrupt {
                     path: dir.join(META_FILE),
@@ -666,7 +709,7 @@ impl StateStore {
         let mut remaps: Vec<HashMap<u16, u16>> = Vec::new();
         for (dir, _, meta, _) in &metas {
             let mut remap = HashMap::new();
-            for s in &meta.states {
+            for s in &meta.part.states {
                 let id = match states.get(&s.name).cloned() {
                     Some(live) if live.kind != s.kind => {
                         return Err(StateError::KindMismatch {
@@ -722,7 +765,7 @@ impl StateStore {
                 let (_, r, _, _) = &metas[*i];
                 g.config.backend == BackendKind::Rocksdb
                     && r.keyed_format == KeyedFormat::RocksdbCheckpoint
-                    && r.key_group_range == range
+                    && r.identity.key_group_range == range
                     && remaps[*i].iter().all(|(a, b)| a == b)
             }
             _ => false,
@@ -792,12 +835,21 @@ impl StateStore {
         let operator = match fill.and_then(|_| {
             let lists = metas
                 .iter()
-                .map(|(_, r, m, _)| (r.instance_index, r.instance_count, m.operator_lists.clone()))
+                .map(|(_, r, m, _)| {
+                    (
+                        r.identity.instance_index,
+                        r.identity.instance_count,
+                        m.part.operator_lists.clone(),
+                    )
+                })
                 .collect();
             let lists = redistribute(lists, g.config.instance_index, g.config.instance_count)?;
             let mut broadcast = BTreeMap::new();
-            if let Some((_, _, m, _)) = metas.iter().min_by_key(|(_, r, _, _)| r.instance_index) {
-                for (name, entries) in &m.broadcast {
+            if let Some((_, _, m, _)) = metas
+                .iter()
+                .min_by_key(|(_, r, _, _)| r.identity.instance_index)
+            {
+                for (name, entries) in &m.part.broadcast {
                     let mut map = BTreeMap::new();
                     for (k, v) in entries {
                         let k = hex::decode(k)

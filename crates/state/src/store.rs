@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::heap::HeapBackend;
-use crate::backend::rocks::{RocksBackend, TtlRegistry};
+use crate::backend::rocks::RocksBackend;
 use crate::backend::{BackendKind, KvBackend};
 use crate::cache::{CacheStats, CachedBackend};
 use crate::clock::{Clock, SystemClock};
@@ -24,7 +24,7 @@ use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::OperatorStates;
 use crate::schema::{MigrateFn, SchemaChange, SchemaMeta};
 use crate::timers::TimerIndex;
-use crate::ttl::{StateVisibility, TS_LEN, TtlConfig, UpdateType, read_ts};
+use crate::ttl::{self, Expiry, OnRead, TS_LEN, TtlConfig, TtlRegistry, read_ts};
 
 /// How to open a store.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -545,18 +545,20 @@ impl Inner {
             ))
         })?;
         let now = self.clock.now_ms();
-        if ttl.is_expired(ts, now) {
-            self.backend.delete(&self.kbuf)?;
-            self.ttl_expired += 1;
-            let visible =
-                !for_update && ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp;
-            return Ok(visible.then_some(TS_LEN));
+        match ttl.on_read(ts, now, for_update) {
+            OnRead::Expired { visible } => {
+                self.backend.delete(&self.kbuf)?;
+                self.ttl_expired += 1;
+                Ok(visible.then_some(TS_LEN))
+            }
+            OnRead::Live { refresh } => {
+                if refresh {
+                    self.vbuf[..TS_LEN].copy_from_slice(&now.to_le_bytes());
+                    self.backend.put(&self.kbuf, &self.vbuf)?;
+                }
+                Ok(Some(TS_LEN))
+            }
         }
-        if ttl.update_type == UpdateType::OnReadAndWrite && !for_update {
-            self.vbuf[..TS_LEN].copy_from_slice(&now.to_le_bytes());
-            self.backend.put(&self.kbuf, &self.vbuf)?;
-        }
-        Ok(Some(TS_LEN))
     }
 
     /// Writes `value` at `kbuf` (with a fresh TTL timestamp).
@@ -599,7 +601,7 @@ impl Inner {
         let now = self.clock.now_ms();
         let mut out = Vec::with_capacity(elems.len());
         let mut keep: Vec<&[u8]> = Vec::with_capacity(elems.len());
-        let mut changed = false;
+        let (mut changed, mut refresh) = (false, false);
         for e in elems {
             let ts = read_ts(e).ok_or_else(|| {
                 StateError::Invalid(format!(
@@ -607,18 +609,21 @@ impl Inner {
                     meta.name
                 ))
             })?;
-            if ttl.is_expired(ts, now) {
-                changed = true;
-                self.ttl_expired += 1;
-                if ttl.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp {
-                    out.push(e[TS_LEN..].to_vec());
+            match ttl.on_read(ts, now, false) {
+                OnRead::Expired { visible } => {
+                    changed = true;
+                    self.ttl_expired += 1;
+                    if visible {
+                        out.push(e[TS_LEN..].to_vec());
+                    }
                 }
-            } else {
-                out.push(e[TS_LEN..].to_vec());
-                keep.push(e);
+                OnRead::Live { refresh: r } => {
+                    refresh |= r;
+                    out.push(e[TS_LEN..].to_vec());
+                    keep.push(e);
+                }
             }
         }
-        let refresh = ttl.update_type == UpdateType::OnReadAndWrite && !keep.is_empty();
         if changed || refresh {
             let mut rewritten = Vec::with_capacity(self.vbuf.len());
             for e in keep.iter() {
@@ -689,7 +694,7 @@ impl Inner {
             if ttl.cleanup.incremental.is_none() {
                 continue;
             }
-            match expire_value(meta.kind, ttl, &v, now)? {
+            match ttl::expire(meta.kind, ttl, &v, now)? {
                 Expiry::Keep => {}
                 Expiry::Remove => {
                     self.backend.delete(&k)?;
@@ -703,38 +708,4 @@ impl Inner {
         }
         Ok(())
     }
-}
-
-pub(crate) enum Expiry {
-    Keep,
-    Remove,
-    Rewrite(Vec<u8>),
-}
-
-/// What cleanup (incremental, full snapshot) does with one stored value.
-pub(crate) fn expire_value(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
-    if kind == StateKind::List {
-        let elems = layout::list_elements(v)?;
-        let live: Vec<&[u8]> = elems
-            .iter()
-            .copied()
-            .filter(|e| !read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now)))
-            .collect();
-        return Ok(if live.is_empty() {
-            Expiry::Remove
-        } else if live.len() == elems.len() {
-            Expiry::Keep
-        } else {
-            let mut out = Vec::new();
-            for e in live {
-                layout::append_list_element(&mut out, e);
-            }
-            Expiry::Rewrite(out)
-        });
-    }
-    Ok(if read_ts(v).is_some_and(|ts| ttl.is_expired(ts, now)) {
-        Expiry::Remove
-    } else {
-        Expiry::Keep
-    })
 }

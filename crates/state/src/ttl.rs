@@ -4,8 +4,21 @@
 //! reads again.
 //!
 //! A TTL'd value is stored as `[last-access ms: u64 little-endian][payload]`.
+//!
+//! Every expiry decision is made here: what a read sees and writes back
+//! ([`TtlConfig::on_read`]), and what cleanup (incremental, full snapshot, the RocksDB
+//! compaction filter) does with a stored value ([`expire`]). The store, the snapshot
+//! writer, the inspector and the backend only carry out the answer.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
+
+use crate::descriptor::StateKind;
+use crate::error::Result;
+use crate::layout;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum UpdateType {
@@ -80,6 +93,71 @@ impl TtlConfig {
     pub fn is_expired(&self, last_access_ms: u64, now_ms: u64) -> bool {
         last_access_ms.saturating_add(self.ttl_ms) <= now_ms
     }
+
+    /// What a read of a value last accessed at `last_access_ms` does. A read `for_update`
+    /// (the read half of a reduce or aggregate) never sees an expired value, whatever the
+    /// visibility, and does not refresh: its write will.
+    #[inline]
+    pub fn on_read(&self, last_access_ms: u64, now_ms: u64, for_update: bool) -> OnRead {
+        if self.is_expired(last_access_ms, now_ms) {
+            OnRead::Expired {
+                visible: !for_update
+                    && self.visibility == StateVisibility::ReturnExpiredIfNotCleanedUp,
+            }
+        } else {
+            OnRead::Live {
+                refresh: !for_update && self.update_type == UpdateType::OnReadAndWrite,
+            }
+        }
+    }
+}
+
+/// The outcome of reading one TTL'd value (or list element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRead {
+    /// Returned; `refresh`: its timestamp moves to now.
+    Live { refresh: bool },
+    /// Removed by this read (cleanup on read); `visible`: returned once all the same.
+    Expired { visible: bool },
+}
+
+/// TTL settings by state id, shared with the RocksDB compaction filter, which runs on
+/// RocksDB's background threads and so cannot borrow the store.
+pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (StateKind, TtlConfig)>>>;
+
+/// What cleanup does with one stored value.
+pub(crate) enum Expiry {
+    Keep,
+    Remove,
+    /// A list with some elements expired: the live ones.
+    Rewrite(Vec<u8>),
+}
+
+/// What cleanup (incremental, full snapshot, compaction filter) does with the stored
+/// value `v` of a state of `kind` at `now`: a value goes when expired, a list loses its
+/// expired elements and goes when none is left.
+pub(crate) fn expire(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
+    let expired = |b: &[u8]| read_ts(b).is_some_and(|ts| ttl.is_expired(ts, now));
+    if kind == StateKind::List {
+        let elems = layout::list_elements(v)?;
+        let live: Vec<&[u8]> = elems.iter().copied().filter(|e| !expired(e)).collect();
+        return Ok(if live.is_empty() {
+            Expiry::Remove
+        } else if live.len() == elems.len() {
+            Expiry::Keep
+        } else {
+            let mut out = Vec::new();
+            for e in live {
+                layout::append_list_element(&mut out, e);
+            }
+            Expiry::Rewrite(out)
+        });
+    }
+    Ok(if expired(v) {
+        Expiry::Remove
+    } else {
+        Expiry::Keep
+    })
 }
 
 pub(crate) const TS_LEN: usize = 8;
@@ -91,4 +169,75 @@ pub(crate) fn read_ts(bytes: &[u8]) -> Option<u64> {
         a.copy_from_slice(b);
         u64::from_le_bytes(a)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamped(ts: u64, payload: &[u8]) -> Vec<u8> {
+        let mut v = ts.to_le_bytes().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn a_read_sees_refreshes_or_drops_as_flink_configures_it() {
+        let ttl = TtlConfig::new(std::time::Duration::from_millis(100));
+        // Expiry is exactly at last access + ttl.
+        assert_eq!(ttl.on_read(0, 99, false), OnRead::Live { refresh: false });
+        assert_eq!(
+            ttl.on_read(0, 100, false),
+            OnRead::Expired { visible: false }
+        );
+        let refreshing = ttl.clone().update_type(UpdateType::OnReadAndWrite);
+        assert_eq!(
+            refreshing.on_read(0, 50, false),
+            OnRead::Live { refresh: true }
+        );
+        // The read half of an update neither refreshes nor sees an expired value.
+        assert_eq!(
+            refreshing.on_read(0, 50, true),
+            OnRead::Live { refresh: false }
+        );
+        let lenient = ttl.visibility(StateVisibility::ReturnExpiredIfNotCleanedUp);
+        assert_eq!(
+            lenient.on_read(0, 100, false),
+            OnRead::Expired { visible: true }
+        );
+        assert_eq!(
+            lenient.on_read(0, 100, true),
+            OnRead::Expired { visible: false }
+        );
+    }
+
+    #[test]
+    fn cleanup_drops_expired_values_and_list_elements_and_keeps_the_rest() {
+        let ttl = TtlConfig::new(std::time::Duration::from_millis(100));
+        let live = stamped(50, b"a");
+        assert!(matches!(
+            expire(StateKind::Value, &ttl, &live, 149),
+            Ok(Expiry::Keep)
+        ));
+        assert!(matches!(
+            expire(StateKind::Value, &ttl, &live, 150),
+            Ok(Expiry::Remove)
+        ));
+        let mut list = Vec::new();
+        layout::append_list_element(&mut list, &stamped(0, b"old"));
+        layout::append_list_element(&mut list, &stamped(80, b"new"));
+        assert!(matches!(
+            expire(StateKind::List, &ttl, &list, 99),
+            Ok(Expiry::Keep)
+        ));
+        let Ok(Expiry::Rewrite(rest)) = expire(StateKind::List, &ttl, &list, 100) else {
+            panic!("one element expired: the list is rewritten");
+        };
+        let elems = layout::list_elements(&rest).expect("list");
+        assert_eq!(elems, vec![stamped(80, b"new").as_slice()]);
+        assert!(matches!(
+            expire(StateKind::List, &ttl, &list, 180),
+            Ok(Expiry::Remove)
+        ));
+    }
 }

@@ -371,8 +371,8 @@ fn snapshot_then_restore_brings_back_every_kind_of_state(kind: BackendKind) {
     fill_all_kinds(&store, 50);
     let before = dump_all_kinds(&store, 50);
     let (d, r) = snapshot_to(&store, 7, &env.path("chk-7"));
-    assert_eq!(r.checkpoint_id, 7);
-    assert_eq!(r.max_parallelism, 128);
+    assert_eq!(r.identity.checkpoint_id, 7);
+    assert_eq!(r.identity.max_parallelism, 128);
     assert!(r.files.iter().all(|f| f.sha256.len() == 64));
     assert!(
         r.files

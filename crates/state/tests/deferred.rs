@@ -30,7 +30,7 @@ fn restored(
 ) -> (u64, u64) {
     let s = env.open(
         kind,
-        &format!("restored-{}", parts[0].1.checkpoint_id),
+        &format!("restored-{}", parts[0].1.identity.checkpoint_id),
         128,
         0,
         1,

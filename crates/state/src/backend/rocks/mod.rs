@@ -6,25 +6,18 @@
 
 mod snapshot;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
 use rocksdb::compaction_filter::Decision;
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteOptions};
 
 use self::snapshot::{Gate, WRITE_BUFFER_BYTES};
 use super::{BackendKind, BatchOp, KvBackend, PendingSnapshot};
 use crate::clock::Clock;
-use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result};
-use crate::layout::{FIRST_RESERVED_ID, list_elements};
-use crate::ttl::{TtlConfig, read_ts};
-
-/// TTL settings by state id, shared with the compaction filter, which runs on
-/// RocksDB's background threads and so cannot borrow the store.
-pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (StateKind, TtlConfig)>>>;
+use crate::layout::FIRST_RESERVED_ID;
+use crate::ttl::{self, Expiry, TtlRegistry};
 
 pub struct RocksBackend {
     /// Shared with a checkpoint's background part while it links files.
@@ -66,21 +59,12 @@ fn expired_by_filter(
     if !ttl.cleanup.compaction_filter {
         return false;
     }
-    let now = clock.now_ms();
-    match kind {
-        // A list goes only when every element has expired: the filter cannot
-        // rewrite values (rust-rocksdb only offers 'static replacements).
-        StateKind::List => match list_elements(value) {
-            Ok(elems) => {
-                !elems.is_empty()
-                    && elems
-                        .iter()
-                        .all(|e| read_ts(e).is_some_and(|ts| ttl.is_expired(ts, now)))
-            }
-            Err(_) => false,
-        },
-        _ => read_ts(value).is_some_and(|ts| ttl.is_expired(ts, now)),
-    }
+    // A list goes only when every element has expired: the filter cannot rewrite
+    // values (rust-rocksdb only offers 'static replacements).
+    matches!(
+        ttl::expire(*kind, ttl, value, clock.now_ms()),
+        Ok(Expiry::Remove)
+    )
 }
 
 /// Per RocksDB instance; see [`db_options`].
