@@ -21,6 +21,15 @@ pub enum StateKind {
     Aggregating,
 }
 
+impl From<StateKind> for crate::ttl::Framing {
+    fn from(kind: StateKind) -> Self {
+        match kind {
+            StateKind::List => Self::List,
+            _ => Self::Single,
+        }
+    }
+}
+
 impl std::fmt::Display for StateKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{self:?}")

@@ -15,30 +15,13 @@
 use serde_json::{Map, Value, json};
 
 use crate::backend::KvBackend;
+use crate::codec::{DecodeFn, JsonCodec};
 use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
-use crate::keyed::StateValue;
 use crate::keygroup::key_group_for;
 use crate::layout;
 use crate::store::StateStore;
 use crate::ttl::{OnRead, TS_LEN, read_ts};
-
-/// Decodes stored postcard bytes of one type into JSON.
-pub type DecodeFn = fn(&[u8]) -> std::result::Result<Value, String>;
-
-/// How to show a state's stored bytes: the value (or accumulator, or list
-/// element) type and, for map state, the user-key type.
-#[derive(Clone, Copy)]
-pub struct JsonCodec {
-    pub value: DecodeFn,
-    pub map_key: Option<DecodeFn>,
-}
-
-/// postcard bytes of `T` → JSON through `T`'s own `Serialize`.
-pub fn decode_json<T: StateValue>(bytes: &[u8]) -> std::result::Result<Value, String> {
-    let v: T = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
-    serde_json::to_value(&v).map_err(|e| e.to_string())
-}
 
 fn show(decode: Option<DecodeFn>, bytes: &[u8]) -> Value {
     match decode.map(|d| d(bytes)) {

@@ -5,19 +5,12 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use crate::backend::KvBackend;
+use crate::codec::{JsonCodec, StateValue, de, decode_json, ser_append};
 use crate::descriptor::*;
 use crate::error::Result;
-use crate::inspect::{JsonCodec, decode_json};
 use crate::layout;
-use crate::store::{StateMeta, StateStore, de, ser_append};
-
-/// Bound for stored types: serde both ways, owned.
-pub trait StateValue: Serialize + DeserializeOwned + Send + Sync + 'static {}
-impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {}
+use crate::store::{StateMeta, StateStore};
 
 impl StateStore {
     pub fn value_state<T: StateValue + Clone>(

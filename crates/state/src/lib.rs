@@ -15,6 +15,7 @@
 //! | [`operator`] | operator list/union state, broadcast state (read-only vs writable types) |
 //! | [`snapshot`] | snapshots (checksummed), their [`SnapshotIdentity`], restore with rescale, canonical savepoints |
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
+//! | [`codec`] | how values are stored (postcard) and shown (JSON) |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
@@ -86,6 +87,7 @@
 pub mod backend;
 pub mod cache;
 pub mod clock;
+pub mod codec;
 pub mod descriptor;
 pub mod error;
 pub mod inspect;
@@ -103,9 +105,10 @@ pub mod ttl;
 pub use backend::BackendKind;
 pub use cache::{CacheStats, DEFAULT_CACHE_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use codec::StateValue;
 pub use descriptor::*;
 pub use error::{Result, StateError};
-pub use keyed::{AggregatingState, ListState, MapState, ReducingState, StateValue, ValueState};
+pub use keyed::{AggregatingState, ListState, MapState, ReducingState, ValueState};
 pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};

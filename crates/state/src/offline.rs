@@ -23,7 +23,7 @@ use crate::snapshot::{
 };
 use crate::store::{StateMeta, StateStore};
 use crate::timers::TimeDomain;
-use crate::ttl::{TS_LEN, read_ts};
+use crate::ttl::{join_value, split_value};
 
 /// One stored entry, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,49 +60,6 @@ impl Entry {
         match self {
             Entry::State { key_group, .. } | Entry::Timer { key_group, .. } => key_group,
         }
-    }
-}
-
-/// Splits a stored value into (TTL timestamp, payload) parts: one part, or
-/// one per element for list state.
-pub fn split_value(kind: StateKind, has_ttl: bool, v: &[u8]) -> Result<Vec<(Option<u64>, &[u8])>> {
-    fn one(b: &[u8], has_ttl: bool) -> Result<(Option<u64>, &[u8])> {
-        if has_ttl {
-            let ts = read_ts(b)
-                .ok_or_else(|| StateError::Invalid("value without TTL timestamp".into()))?;
-            Ok((Some(ts), &b[TS_LEN..]))
-        } else {
-            Ok((None, b))
-        }
-    }
-    if kind == StateKind::List {
-        layout::list_elements(v)?
-            .into_iter()
-            .map(|e| one(e, has_ttl))
-            .collect()
-    } else {
-        Ok(vec![one(v, has_ttl)?])
-    }
-}
-
-/// Inverse of [`split_value`].
-pub fn join_value(kind: StateKind, parts: &[(Option<u64>, Vec<u8>)]) -> Vec<u8> {
-    let frame = |(ts, p): &(Option<u64>, Vec<u8>)| {
-        let mut b = Vec::with_capacity(p.len() + TS_LEN);
-        if let Some(ts) = ts {
-            b.extend_from_slice(&ts.to_le_bytes());
-        }
-        b.extend_from_slice(p);
-        b
-    };
-    if kind == StateKind::List {
-        let mut out = Vec::new();
-        for p in parts {
-            layout::append_list_element(&mut out, &frame(p));
-        }
-        out
-    } else {
-        parts.first().map(frame).unwrap_or_default()
     }
 }
 
@@ -203,7 +160,7 @@ impl RawSnapshot {
                 hex::encode(k)
             )));
         }
-        let values = split_value(meta.kind, meta.ttl.is_some(), v)
+        let values = split_value(meta.kind.into(), meta.ttl.is_some(), v)
             .map_err(|e| StateError::Invalid(format!("state '{}': {e}", meta.name)))?
             .into_iter()
             .map(|(ts, p)| (ts, p.to_vec()))
@@ -286,7 +243,7 @@ impl RawSnapshot {
                 if let Some(uk) = user_key {
                     k.extend_from_slice(uk);
                 }
-                Ok((k, join_value(*kind, values)))
+                Ok((k, join_value((*kind).into(), values)))
             }
         }
     }

@@ -12,10 +12,10 @@ use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 
+use crate::codec::{StateValue, de, ser_append};
 use crate::descriptor::MapStateDescriptor;
 use crate::error::Result;
-use crate::keyed::StateValue;
-use crate::store::{StateStore, de, ser_append};
+use crate::store::StateStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -293,7 +293,7 @@ impl Inner {
                         m.ttl
                             .as_ref()
                             .filter(|t| t.cleanup.full_snapshot)
-                            .map(|t| (m.kind, t))
+                            .map(|t| (m.kind.into(), t))
                     }) {
                         match ttl::expire(ttl.0, ttl.1, v, now)? {
                             Expiry::Keep => {}

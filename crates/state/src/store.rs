@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::heap::HeapBackend;
@@ -17,6 +16,7 @@ use crate::backend::rocks::RocksBackend;
 use crate::backend::{BackendKind, KvBackend};
 use crate::cache::{CacheStats, CachedBackend};
 use crate::clock::{Clock, SystemClock};
+use crate::codec::ser_append;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::{KeyGroupRange, MAX_MAX_PARALLELISM, key_group_for};
@@ -134,7 +134,7 @@ pub(crate) struct Inner {
     pub generation: u64,
     /// JSON decoders by state name, from the descriptor's type at registration
     /// (see [`crate::inspect`]); names survive restores, so decoders do too.
-    pub decoders: HashMap<String, crate::inspect::JsonCodec>,
+    pub decoders: HashMap<String, crate::codec::JsonCodec>,
     /// Entries (values, list elements, map entries) removed because their TTL
     /// expired, by cleanup on read or incremental cleanup, since open.
     pub ttl_expired: u64,
@@ -144,26 +144,6 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct StateStore {
     pub(crate) inner: Arc<Mutex<Inner>>,
-}
-
-pub(crate) fn ser_append<T: Serialize + ?Sized>(
-    buf: &mut Vec<u8>,
-    v: &T,
-    state: &str,
-) -> Result<()> {
-    let taken = std::mem::take(buf);
-    *buf = postcard::to_extend(v, taken).map_err(|e| StateError::Serde {
-        state: state.to_string(),
-        message: e.to_string(),
-    })?;
-    Ok(())
-}
-
-pub(crate) fn de<T: DeserializeOwned>(bytes: &[u8], state: &str) -> Result<T> {
-    postcard::from_bytes(bytes).map_err(|e| StateError::Serde {
-        state: state.to_string(),
-        message: e.to_string(),
-    })
 }
 
 pub(crate) fn open_backend(
@@ -482,7 +462,7 @@ impl Inner {
         let has_ttl = meta.ttl.is_some();
         let mut out = Vec::with_capacity(found.len());
         for (k, v) in found {
-            let parts = crate::offline::split_value(meta.kind, has_ttl, &v)?;
+            let parts = ttl::split_value(meta.kind.into(), has_ttl, &v)?;
             let mut migrated = Vec::with_capacity(parts.len());
             for (ts, payload) in parts {
                 let nv = f(payload).map_err(|message| StateError::Serde {
@@ -491,7 +471,7 @@ impl Inner {
                 })?;
                 migrated.push((ts, nv));
             }
-            out.push((k, crate::offline::join_value(meta.kind, &migrated)));
+            out.push((k, ttl::join_value(meta.kind.into(), &migrated)));
         }
         self.backend.put_many(&out)
     }
@@ -502,7 +482,7 @@ impl Inner {
             let mut reg = self.ttl_registry.write();
             match &meta.ttl {
                 Some(t) => {
-                    reg.insert(meta.id, (meta.kind, t.clone()));
+                    reg.insert(meta.id, (meta.kind.into(), t.clone()));
                 }
                 None => {
                     reg.remove(&meta.id);
@@ -694,7 +674,7 @@ impl Inner {
             if ttl.cleanup.incremental.is_none() {
                 continue;
             }
-            match ttl::expire(meta.kind, ttl, &v, now)? {
+            match ttl::expire(meta.kind.into(), ttl, &v, now)? {
                 Expiry::Keep => {}
                 Expiry::Remove => {
                     self.backend.delete(&k)?;

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
-use crate::descriptor::StateKind;
-use crate::error::Result;
+use crate::error::{Result, StateError};
 use crate::layout;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -123,7 +122,15 @@ pub enum OnRead {
 
 /// TTL settings by state id, shared with the RocksDB compaction filter, which runs on
 /// RocksDB's background threads and so cannot borrow the store.
-pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (StateKind, TtlConfig)>>>;
+pub(crate) type TtlRegistry = Arc<RwLock<HashMap<u16, (Framing, TtlConfig)>>>;
+
+/// How a state's stored value holds timestamps: one for the value, or one per element
+/// (list state, whose elements expire one by one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Single,
+    List,
+}
 
 /// What cleanup does with one stored value.
 pub(crate) enum Expiry {
@@ -134,11 +141,11 @@ pub(crate) enum Expiry {
 }
 
 /// What cleanup (incremental, full snapshot, compaction filter) does with the stored
-/// value `v` of a state of `kind` at `now`: a value goes when expired, a list loses its
+/// value `v` at `now`: a value goes when expired, a list loses its
 /// expired elements and goes when none is left.
-pub(crate) fn expire(kind: StateKind, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
+pub(crate) fn expire(framing: Framing, ttl: &TtlConfig, v: &[u8], now: u64) -> Result<Expiry> {
     let expired = |b: &[u8]| read_ts(b).is_some_and(|ts| ttl.is_expired(ts, now));
-    if kind == StateKind::List {
+    if framing == Framing::List {
         let elems = layout::list_elements(v)?;
         let live: Vec<&[u8]> = elems.iter().copied().filter(|e| !expired(e)).collect();
         return Ok(if live.is_empty() {
@@ -169,6 +176,49 @@ pub(crate) fn read_ts(bytes: &[u8]) -> Option<u64> {
         a.copy_from_slice(b);
         u64::from_le_bytes(a)
     })
+}
+
+/// Splits a stored value into (TTL timestamp, payload) parts: one part, or
+/// one per element for list state.
+pub fn split_value(framing: Framing, has_ttl: bool, v: &[u8]) -> Result<Vec<(Option<u64>, &[u8])>> {
+    fn one(b: &[u8], has_ttl: bool) -> Result<(Option<u64>, &[u8])> {
+        if has_ttl {
+            let ts = read_ts(b)
+                .ok_or_else(|| StateError::Invalid("value without TTL timestamp".into()))?;
+            Ok((Some(ts), &b[TS_LEN..]))
+        } else {
+            Ok((None, b))
+        }
+    }
+    if framing == Framing::List {
+        layout::list_elements(v)?
+            .into_iter()
+            .map(|e| one(e, has_ttl))
+            .collect()
+    } else {
+        Ok(vec![one(v, has_ttl)?])
+    }
+}
+
+/// Inverse of [`split_value`].
+pub fn join_value(framing: Framing, parts: &[(Option<u64>, Vec<u8>)]) -> Vec<u8> {
+    let frame = |(ts, p): &(Option<u64>, Vec<u8>)| {
+        let mut b = Vec::with_capacity(p.len() + TS_LEN);
+        if let Some(ts) = ts {
+            b.extend_from_slice(&ts.to_le_bytes());
+        }
+        b.extend_from_slice(p);
+        b
+    };
+    if framing == Framing::List {
+        let mut out = Vec::new();
+        for p in parts {
+            layout::append_list_element(&mut out, &frame(p));
+        }
+        out
+    } else {
+        parts.first().map(frame).unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
@@ -216,27 +266,27 @@ mod tests {
         let ttl = TtlConfig::new(std::time::Duration::from_millis(100));
         let live = stamped(50, b"a");
         assert!(matches!(
-            expire(StateKind::Value, &ttl, &live, 149),
+            expire(Framing::Single, &ttl, &live, 149),
             Ok(Expiry::Keep)
         ));
         assert!(matches!(
-            expire(StateKind::Value, &ttl, &live, 150),
+            expire(Framing::Single, &ttl, &live, 150),
             Ok(Expiry::Remove)
         ));
         let mut list = Vec::new();
         layout::append_list_element(&mut list, &stamped(0, b"old"));
         layout::append_list_element(&mut list, &stamped(80, b"new"));
         assert!(matches!(
-            expire(StateKind::List, &ttl, &list, 99),
+            expire(Framing::List, &ttl, &list, 99),
             Ok(Expiry::Keep)
         ));
-        let Ok(Expiry::Rewrite(rest)) = expire(StateKind::List, &ttl, &list, 100) else {
+        let Ok(Expiry::Rewrite(rest)) = expire(Framing::List, &ttl, &list, 100) else {
             panic!("one element expired: the list is rewritten");
         };
         let elems = layout::list_elements(&rest).expect("list");
         assert_eq!(elems, vec![stamped(80, b"new").as_slice()]);
         assert!(matches!(
-            expire(StateKind::List, &ttl, &list, 180),
+            expire(Framing::List, &ttl, &list, 180),
             Ok(Expiry::Remove)
         ));
     }
