@@ -18,6 +18,7 @@
 //! | [`codec`] | how values are stored (postcard) and shown (JSON) |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
+//! | [`files`] | a snapshot's files: listing (size, SHA-256), verification, the SST hash cache |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
 //! | [`layout`] | the byte layout every backend and the savepoint format share |
 //! | [`clock`] | injectable processing time |
@@ -90,6 +91,7 @@ pub mod clock;
 pub mod codec;
 pub mod descriptor;
 pub mod error;
+pub mod files;
 pub mod inspect;
 pub mod keyed;
 pub mod keygroup;

@@ -15,11 +15,12 @@ use crate::backend::{BackendKind, KvBackend};
 use crate::clock::ManualClock;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};
+use crate::files::verify_file;
 use crate::layout::{self, FIRST_RESERVED_ID, TIMER_EVENT, TIMER_PROCESSING};
 use crate::operator::{OperatorList, OperatorStates};
 use crate::snapshot::{
     KEYED_FILE, KeyedFormat, META_FILE, MetaFile, PartMeta, SnapshotResult, read_canonical,
-    read_meta, verify_file,
+    read_meta,
 };
 use crate::store::{StateMeta, StateStore};
 use crate::timers::TimeDomain;

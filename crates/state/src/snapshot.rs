@@ -26,14 +26,14 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::backend::rocks::{RocksBackend, scan_checkpoint};
 use crate::backend::{BackendKind, KvBackend};
 use crate::error::{IoContext, Result, StateError};
+pub use crate::files::SnapshotFile;
+use crate::files::{FileHashes, verify_file};
 use crate::keygroup::KeyGroupRange;
 use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::{OperatorList, OperatorStates, Redistribution};
@@ -55,14 +55,6 @@ pub enum KeyedFormat {
     Canonical,
     /// `db/`, a RocksDB checkpoint.
     RocksdbCheckpoint,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotFile {
-    /// Relative to the snapshot directory, `/`-separated.
-    pub path: String,
-    pub size: u64,
-    pub sha256: String,
 }
 
 /// What a snapshot wrote; the runtime stores it in its checkpoint manifest
@@ -175,63 +167,6 @@ impl<W: Write> Write for HashingWriter<W> {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
-    }
-}
-
-fn sha256_file(path: &Path) -> Result<(u64, String)> {
-    let mut f = File::open(path).at(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf).at(path)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((size, hex::encode(h.finalize())))
-}
-
-fn is_sst(name: &str) -> bool {
-    name.ends_with(".sst")
-}
-
-/// SHA-256 of snapshot files, remembered for SSTs (immutable once written, so a name and
-/// size seen before need no second read). Shared: the job thread snapshots, the uploader
-/// completes deferred hashes, and both feed the same cache.
-#[derive(Clone, Default)]
-pub(crate) struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
-
-impl FileHashes {
-    fn cached(&self, name: &str, full: &Path) -> Result<Option<SnapshotFile>> {
-        if !is_sst(name) {
-            return Ok(None);
-        }
-        let size = std::fs::metadata(full).at(full)?.len();
-        let hit = self.0.lock().get(name).filter(|c| c.0 == size).cloned();
-        Ok(hit.map(|(size, sha256)| SnapshotFile {
-            path: name.to_string(),
-            size,
-            sha256,
-        }))
-    }
-
-    fn hash(&self, name: String, full: &Path) -> Result<SnapshotFile> {
-        let (size, sha256) = sha256_file(full)?;
-        if is_sst(&name) {
-            self.0.lock().insert(name.clone(), (size, sha256.clone()));
-        }
-        Ok(SnapshotFile {
-            path: name,
-            size,
-            sha256,
-        })
-    }
-
-    pub fn clear(&self) {
-        self.0.lock().clear();
     }
 }
 
@@ -453,30 +388,6 @@ impl DeferredSnapshot {
         result.files.splice(0..0, native);
         Ok(())
     }
-}
-
-pub(crate) fn verify_file(dir: &Path, f: &SnapshotFile) -> Result<()> {
-    let path = dir.join(&f.path);
-    if !path.is_file() {
-        return Err(StateError::Corrupt {
-            path,
-            reason: "file is missing".into(),
-        });
-    }
-    let (size, sha) = sha256_file(&path)?;
-    if size != f.size {
-        return Err(StateError::Corrupt {
-            path,
-            reason: format!("size {size} != expected {}", f.size),
-        });
-    }
-    if sha != f.sha256 {
-        return Err(StateError::Corrupt {
-            path,
-            reason: format!("SHA-256 {sha} != expected {}", f.sha256),
-        });
-    }
-    Ok(())
 }
 
 pub(crate) fn read_meta(dir: &Path) -> Result<MetaFile> {

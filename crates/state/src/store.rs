@@ -130,7 +130,7 @@ pub(crate) struct Inner {
     pub cursor: Vec<u8>,
     /// SHA-256 of immutable SST files by name and size: an incremental
     /// snapshot hashes only the new ones.
-    pub sha_cache: crate::snapshot::FileHashes,
+    pub sha_cache: crate::files::FileHashes,
     pub generation: u64,
     /// JSON decoders by state name, from the descriptor's type at registration
     /// (see [`crate::inspect`]); names survive restores, so decoders do too.
@@ -224,7 +224,7 @@ impl StateStore {
                 restored: false,
                 incremental: None,
                 cursor: Vec::new(),
-                sha_cache: crate::snapshot::FileHashes::default(),
+                sha_cache: crate::files::FileHashes::default(),
                 generation: 0,
                 decoders: HashMap::new(),
                 ttl_expired: 0,
