@@ -133,6 +133,7 @@ pub enum Framing {
 }
 
 /// What cleanup does with one stored value.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Expiry {
     Keep,
     Remove,
@@ -234,60 +235,44 @@ mod tests {
     #[test]
     fn a_read_sees_refreshes_or_drops_as_flink_configures_it() {
         let ttl = TtlConfig::new(std::time::Duration::from_millis(100));
-        // Expiry is exactly at last access + ttl.
-        assert_eq!(ttl.on_read(0, 99, false), OnRead::Live { refresh: false });
-        assert_eq!(
-            ttl.on_read(0, 100, false),
-            OnRead::Expired { visible: false }
-        );
         let refreshing = ttl.clone().update_type(UpdateType::OnReadAndWrite);
-        assert_eq!(
-            refreshing.on_read(0, 50, false),
-            OnRead::Live { refresh: true }
-        );
-        // The read half of an update neither refreshes nor sees an expired value.
-        assert_eq!(
-            refreshing.on_read(0, 50, true),
-            OnRead::Live { refresh: false }
-        );
-        let lenient = ttl.visibility(StateVisibility::ReturnExpiredIfNotCleanedUp);
-        assert_eq!(
-            lenient.on_read(0, 100, false),
-            OnRead::Expired { visible: true }
-        );
-        assert_eq!(
-            lenient.on_read(0, 100, true),
-            OnRead::Expired { visible: false }
-        );
+        let lenient = ttl
+            .clone()
+            .visibility(StateVisibility::ReturnExpiredIfNotCleanedUp);
+        // (config, now, for_update) for a value last accessed at 0; expiry is exactly
+        // at last access + ttl, and the read half of an update neither refreshes nor
+        // sees an expired value.
+        let cases = [
+            (&ttl, 99, false, OnRead::Live { refresh: false }),
+            (&ttl, 100, false, OnRead::Expired { visible: false }),
+            (&refreshing, 50, false, OnRead::Live { refresh: true }),
+            (&refreshing, 50, true, OnRead::Live { refresh: false }),
+            (&lenient, 100, false, OnRead::Expired { visible: true }),
+            (&lenient, 100, true, OnRead::Expired { visible: false }),
+        ];
+        for (config, now, for_update, expected) in cases {
+            assert_eq!(
+                config.on_read(0, now, for_update),
+                expected,
+                "{config:?} at {now}"
+            );
+        }
     }
 
     #[test]
     fn cleanup_drops_expired_values_and_list_elements_and_keeps_the_rest() {
         let ttl = TtlConfig::new(std::time::Duration::from_millis(100));
+        let clean = |framing, v: &[u8], now| expire(framing, &ttl, v, now).expect("framed");
         let live = stamped(50, b"a");
-        assert!(matches!(
-            expire(Framing::Single, &ttl, &live, 149),
-            Ok(Expiry::Keep)
-        ));
-        assert!(matches!(
-            expire(Framing::Single, &ttl, &live, 150),
-            Ok(Expiry::Remove)
-        ));
+        assert_eq!(clean(Framing::Single, &live, 149), Expiry::Keep);
+        assert_eq!(clean(Framing::Single, &live, 150), Expiry::Remove);
         let mut list = Vec::new();
         layout::append_list_element(&mut list, &stamped(0, b"old"));
         layout::append_list_element(&mut list, &stamped(80, b"new"));
-        assert!(matches!(
-            expire(Framing::List, &ttl, &list, 99),
-            Ok(Expiry::Keep)
-        ));
-        let Ok(Expiry::Rewrite(rest)) = expire(Framing::List, &ttl, &list, 100) else {
-            panic!("one element expired: the list is rewritten");
-        };
-        let elems = layout::list_elements(&rest).expect("list");
-        assert_eq!(elems, vec![stamped(80, b"new").as_slice()]);
-        assert!(matches!(
-            expire(Framing::List, &ttl, &list, 180),
-            Ok(Expiry::Remove)
-        ));
+        let mut rest = Vec::new();
+        layout::append_list_element(&mut rest, &stamped(80, b"new"));
+        assert_eq!(clean(Framing::List, &list, 99), Expiry::Keep);
+        assert_eq!(clean(Framing::List, &list, 100), Expiry::Rewrite(rest));
+        assert_eq!(clean(Framing::List, &list, 180), Expiry::Remove);
     }
 }
