@@ -16,9 +16,7 @@ use streamstate::checkpoint::{CheckpointRef, CheckpointStorage, FsStorage};
 use streamstate::tools::check_restore::{Verdict, check};
 use streamstate::tools::{EXIT_REFUSED, fetch};
 use streamstate_state::offline::RawSnapshot;
-use streamstate_state::{
-    BackendKind, StateStore, StoreConfig, ValueStateDescriptor, key_group_for,
-};
+use streamstate_state::{BackendKind, KeyGroups, StateStore, StoreConfig, ValueStateDescriptor};
 
 struct Fixture {
     job: Job,
@@ -130,7 +128,7 @@ fn counts(store: &StateStore, keys: impl Iterator<Item = String>) -> BTreeMap<St
     let range = store.key_group_range();
     let mut out = BTreeMap::new();
     for k in keys {
-        if !range.contains(key_group_for(k.as_bytes(), store.max_parallelism())) {
+        if !range.contains(store.key_group_of(k.as_bytes())) {
             continue;
         }
         store.set_current_key(k.as_bytes()).expect("key");
@@ -153,14 +151,24 @@ fn restore_checkpoint(f: &Fixture, work: &Path) -> StateStore {
         .expect("manifest");
     let files = work.join("files");
     storage.fetch(&m, &files).expect("fetch");
-    let store = StateStore::open(StoreConfig::new(
-        BackendKind::Rocksdb,
-        work.join("state"),
-        m.state.identity.max_parallelism,
-    ))
+    let store = StateStore::open(
+        StoreConfig::new(
+            BackendKind::Rocksdb,
+            work.join("state"),
+            m.state.identity.max_parallelism,
+        )
+        .with_key_groups(m.state.identity.key_groups().expect("key groups")),
+    )
     .expect("open");
     store.restore(&[(files, m.state)]).expect("restore");
     store
+}
+
+/// A store numbered like the fixture job's state: its 4 input partitions divide the
+/// 128 key groups, so the job started with them aligned to the partitions.
+fn fixture_config(backend: BackendKind, dir: PathBuf) -> StoreConfig {
+    StoreConfig::new(backend, dir, 128)
+        .with_key_groups(KeyGroups::aligned(128, 4).expect("4 divides 128"))
 }
 
 fn restore_savepoint(dir: &Path, config: StoreConfig) -> StateStore {
@@ -355,7 +363,7 @@ fn export_import_round_trip_equals_the_source() {
     let from_savepoint = counts(
         &restore_savepoint(
             &sp,
-            StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128),
+            fixture_config(BackendKind::Rocksdb, dir.path().join("s")),
         ),
         user_keys(),
     );
@@ -464,7 +472,7 @@ fn delete_key_removes_the_key_from_every_state_and_nothing_else() {
     let restored = counts(
         &restore_savepoint(
             &sp,
-            StoreConfig::new(BackendKind::Hashmap, dir.path().join("s"), 128),
+            fixture_config(BackendKind::Hashmap, dir.path().join("s")),
         ),
         user_keys(),
     );
@@ -744,7 +752,7 @@ fn add_ttl_and_drop_state_on_a_real_checkpoint_then_check_restore_judges_them() 
     // A job that declares the TTL reads every value.
     let store = restore_savepoint(
         &sp,
-        StoreConfig::new(BackendKind::Rocksdb, dir.path().join("s"), 128),
+        fixture_config(BackendKind::Rocksdb, dir.path().join("s")),
     );
     let ttl = streamstate_state::TtlConfig::new(Duration::from_secs(3600));
     let count = store

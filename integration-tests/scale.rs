@@ -1,6 +1,7 @@
 //! Several instances on one machine (processes), shared checkpoint storage (a directory):
-//! rescaling 1 → 3 → 2 → 1 from savepoint sets under continuous input, a SIGKILL of one
-//! of three instances, and the starts that must be refused.
+//! rescaling 1 → 3 → 2 → 1 from savepoint sets under continuous input, 12 partitions
+//! and 120 key groups rescaled 1 → 4 → 12 → 3, a SIGKILL of one of three instances, and
+//! the starts that must be refused.
 
 mod common;
 
@@ -181,6 +182,133 @@ fn rescales_1_to_3_to_2_to_1_under_continuous_input_exactly_once() {
     assert_eq!(
         outputs + dead,
         12_000,
+        "every input is an output or a dead letter, once"
+    );
+    independent_check(&job, &CheckerOptions::all());
+}
+
+/// Twelve partitions, 120 key groups: each partition holds a block of ten.
+const ALIGNED: &[(&str, &str)] = &[("STREAMSTATE__STATE__MAX_PARALLELISM", "120")];
+
+/// `GET /instance`'s key groups: (first, last, aligned partitions).
+fn owned_key_groups(inst: &Instance) -> (u64, u64, serde_json::Value) {
+    let (status, body) = http("GET", inst.admin, "/instance").expect("GET /instance");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("instance JSON");
+    let kg = &v["key_groups"];
+    (
+        kg["first"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("key_groups: {v}")),
+        kg["last"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("key_groups: {v}")),
+        kg["aligned_partitions"].clone(),
+    )
+}
+
+#[test]
+fn twelve_partitions_of_120_key_groups_rescale_1_to_4_to_12_to_3_checked_after_every_step() {
+    let job = Job::new("aligned", 12);
+    job.write_config("300ms", "");
+    let input = job.input.clone();
+    let evs = events(16_000, 5, 91);
+    let keys: Vec<String> = evs
+        .iter()
+        .filter_map(|(k, _)| k.clone())
+        .take(400)
+        .collect();
+    let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(400)));
+    let spawn = |i, n, generation, args: &[&str]| {
+        common::spawn_instance(&job, i, n, generation, ALIGNED, args)
+    };
+    let mut running = vec![spawn(0, 1, 0, &[])];
+    wait_ready(&mut running);
+    assert_eq!(
+        owned_key_groups(&running[0]),
+        (0, 119, serde_json::json!(12)),
+        "one instance owns all 120 groups, aligned to the 12 partitions"
+    );
+    wait_until("a first commit", Duration::from_secs(60), || {
+        job.committed() > 0
+    });
+    for (generation, (from, to)) in [(1, 4), (4, 12), (12, 3)].into_iter().enumerate() {
+        let generation = generation as u32 + 1;
+        let before = job.committed();
+        stop_with_savepoints(std::mem::take(&mut running), false);
+        // Everything committed so far is exactly once (input beyond is not yet read).
+        independent_check(&job, &CheckerOptions::default());
+        let set = format!("gen-{generation}");
+        make_set(&job, &set, from);
+        if to == 3 {
+            // More instances than partitions cannot own a partition each.
+            let mut refused = spawn(0, 13, generation, &["--from-savepoint-set", &set]);
+            let status = refused.service.wait_exit(Duration::from_secs(60));
+            let log = refused.service.log();
+            assert!(
+                !status.success() && log.contains("job.instances (13) exceeds the 12 partitions"),
+                "{log}"
+            );
+        }
+        running = (0..to)
+            .map(|i| spawn(i, to, generation, &["--from-savepoint-set", &set]))
+            .collect();
+        wait_ready(&mut running);
+        let per_instance = 120 / u64::from(to);
+        for (i, inst) in running.iter().enumerate() {
+            let first = i as u64 * per_instance;
+            assert_eq!(
+                owned_key_groups(inst),
+                (first, first + per_instance - 1, serde_json::json!(12)),
+                "instance {i} of {to} owns whole partitions' blocks"
+            );
+        }
+        if to == 4 {
+            // Each key is owned by the instance of its Kafka partition (three each).
+            for key in &keys {
+                let partition = streamstate::state::key_group_for(key.as_bytes(), 12);
+                let owner = partition / 3;
+                let (status, body) =
+                    http("GET", running[0].admin, &format!("/state/{key}")).expect("GET /state");
+                match owner {
+                    0 => assert!(status == 200 || status == 404, "{key}: {status} {body}"),
+                    _ => {
+                        assert_eq!(status, 421, "{key} (partition {partition}): {body}");
+                        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+                        assert_eq!(v["owner_instance"], owner, "{key}: {body}");
+                    }
+                }
+            }
+        }
+        wait_until(
+            &format!("{to} instances committing past {before}"),
+            Duration::from_secs(120),
+            || {
+                running.iter_mut().for_each(|i| i.service.assert_running());
+                job.committed() > before
+            },
+        );
+    }
+    feeder.join().expect("feeder");
+    let end = job.input_end();
+    wait_until(
+        "all input committed by the last instances",
+        Duration::from_secs(180),
+        || {
+            running.iter_mut().for_each(|i| i.service.assert_running());
+            job.committed() >= end
+        },
+    );
+    for mut inst in running {
+        assert_eq!(
+            inst.service.terminate(Duration::from_secs(60)).code(),
+            Some(0)
+        );
+    }
+    let (outputs, dead) = check_exactly_once(&job);
+    assert_eq!(
+        outputs + dead,
+        16_000,
         "every input is an output or a dead letter, once"
     );
     independent_check(&job, &CheckerOptions::all());

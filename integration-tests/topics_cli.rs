@@ -212,14 +212,14 @@ fn check_lists_every_needed_topic_and_create_makes_the_missing_ones_usable() {
 fn check_names_wrong_settings_and_create_leaves_existing_topics_alone() {
     let n = names("topics-wrong");
     let dir = tempfile::tempdir().expect("tempdir");
-    // Two keyed instances with 4 key groups need 4 input partitions.
+    // Two keyed instances with 4 key groups need 2 or 4 input partitions, not 3.
     let config = write_config(
         &dir,
         &n,
         &bootstrap(),
         "instances = 2\nmax_record_bytes = 500000\n[state]\nmax_parallelism = 4",
     );
-    create_with(&n.input, 2, &[]);
+    create_with(&n.input, 3, &[]);
     create_with(&n.output, 2, &[]);
     create_with(&n.dlq, 1, &[("max.message.bytes", "100000")]);
     create_with(&n.control, 1, &[("cleanup.policy", "delete")]);
@@ -229,7 +229,11 @@ fn check_names_wrong_settings_and_create_leaves_existing_topics_alone() {
         assert_eq!(code, 3, "{verb}:\n{stdout}\n{stderr}");
         let input = row(&stdout, &n.input);
         assert_eq!(input[3], "WRONG", "{stdout}");
-        assert!(input[4].contains("needs 4 partitions"), "{stdout}");
+        assert!(
+            input[4].contains("divides state.max_parallelism (4)")
+                && input[4].contains("at least job.instances (2)"),
+            "{stdout}"
+        );
         let dlq = row(&stdout, &n.dlq);
         assert_eq!(dlq[3], "WRONG", "{stdout}");
         assert!(

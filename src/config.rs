@@ -110,9 +110,9 @@ pub struct JobConfig {
     /// This instance's ordinal; names its transactional id and checkpoint prefix.
     #[serde(default)]
     pub instance: u32,
-    /// How many instances share the input. Instance `i` owns key groups
-    /// `for_instance(max_parallelism, instances, i)` and the input partitions with the
-    /// same numbers; changing it is a rescale (stop with savepoints, restart from the set).
+    /// How many instances share the input. Instance `i` owns Flink's `i`-th share of the
+    /// input partitions and their key groups (`src/cluster.rs`); changing it is a rescale
+    /// (stop with savepoints, restart from the set).
     #[serde(default = "default_instances")]
     pub instances: u32,
     /// Input not partitioned by the state key: every instance reads its share of the input
@@ -195,7 +195,9 @@ pub struct StateConfig {
     /// Local working directory for live state; rebuilt from checkpoints after a restart.
     #[serde(default = "default_state_dir")]
     pub dir: PathBuf,
-    /// Number of key groups, fixed at the first start; defaults to the input partition count.
+    /// Number of key groups, fixed at the first start; defaults to the input partition
+    /// count. A multiple of it aligns the key groups to the partitions, so that any
+    /// number of instances up to the partition count can share them.
     #[serde(default)]
     pub max_parallelism: Option<u32>,
     /// Capacity of the write-back state cache in front of the backend (estimated bytes of

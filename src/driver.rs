@@ -200,8 +200,7 @@ impl Driver {
             }
             _ => self.store.now_ms(),
         };
-        let key_group =
-            streamstate_state::key_group_for(key.as_bytes(), self.store.max_parallelism());
+        let key_group = self.store.key_group_of(key.as_bytes());
         if !self.store.key_group_range().contains(key_group) {
             // Only with several instances: the producer did not partition by this key.
             self.out.reject(

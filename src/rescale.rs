@@ -4,14 +4,14 @@
 //! (`POST /stop {"savepoint": true}`), record the N savepoints as one **set**
 //! (`streamstate savepoint-set`), start M instances with `--from-savepoint-set <name>`.
 //! A set is written once, atomically, and only when all N parts are present, come from
-//! one N-instance deployment (instance `i` of N, key groups `for_instance(M, N, i)`)
-//! and share one `max_parallelism`. Each new instance restores the keyed state of its
+//! one N-instance deployment (instance `i` of N, key groups as [`KeyGroups`] splits
+//! them among N) and share one numbering of keys into key groups. Each new instance restores the keyed state of its
 //! new key-group range from the parts that overlap it, and the state layer redistributes
 //! operator state: broadcast state is copied, and the source offsets, union list state,
 //! reach every new instance, which reads the partitions it owns from them.
 
 use serde::{Deserialize, Serialize};
-use streamstate_state::KeyGroupRange;
+use streamstate_state::{KeyGroupRange, KeyGroups};
 
 use crate::checkpoint::{CheckpointError, CheckpointStorage, Manifest, PartitionOffset};
 use crate::cluster;
@@ -53,6 +53,10 @@ pub struct SavepointSet {
     pub name: String,
     pub instances: u32,
     pub max_parallelism: u32,
+    /// The parts' [`KeyGroups`] alignment; absent when keys are numbered modulo (every
+    /// set written before alignment existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aligned_partitions: Option<u32>,
     pub created_at_ms: u64,
     pub parts: Vec<SetPart>,
 }
@@ -100,7 +104,7 @@ pub fn create(
         )));
     }
     let mut parts = Vec::new();
-    let mut max_parallelism = None;
+    let mut numbering: Option<KeyGroups> = None;
     for i in 0..instances {
         let storage = part_storage(config, i)?;
         let chosen = match ids {
@@ -126,7 +130,16 @@ pub fn create(
         };
         let manifest = storage.read_manifest(&chosen)?;
         let r = &manifest.state;
-        let expected = KeyGroupRange::for_instance(r.identity.max_parallelism, instances, i);
+        let key_groups = r
+            .identity
+            .key_groups()
+            .map_err(|e| incomplete(format!("instance {i}: {e}")))?;
+        if !key_groups.fits_instances(instances) {
+            return Err(incomplete(format!(
+                "{instances} instances cannot share {key_groups}"
+            )));
+        }
+        let expected = key_groups.range_for_instance(instances, i);
         if manifest.instance != i
             || r.identity.instance_count != instances
             || r.identity.key_group_range != expected
@@ -139,9 +152,11 @@ pub fn create(
                 r.identity.key_group_range
             )));
         }
-        if *max_parallelism.get_or_insert(r.identity.max_parallelism) != r.identity.max_parallelism
-        {
-            return Err(incomplete("parts disagree on max_parallelism".into()));
+        if *numbering.get_or_insert(key_groups) != key_groups {
+            return Err(incomplete(format!(
+                "parts disagree on the key groups: {} and {key_groups}",
+                numbering.map(|n| n.to_string()).unwrap_or_default()
+            )));
         }
         parts.push(SetPart {
             instance: i,
@@ -151,10 +166,12 @@ pub fn create(
             control_offsets: manifest.control_offsets.clone(),
         });
     }
+    let numbering = numbering.ok_or_else(|| incomplete("no instances".into()))?;
     let set = SavepointSet {
         name: name.to_string(),
         instances,
-        max_parallelism: max_parallelism.ok_or_else(|| incomplete("no instances".into()))?,
+        max_parallelism: numbering.max_parallelism(),
+        aligned_partitions: numbering.aligned_partitions(),
         created_at_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
@@ -177,6 +194,16 @@ pub fn read(config: &Config, name: &str) -> Result<SavepointSet, RescaleError> {
 }
 
 impl SavepointSet {
+    /// How the parts number keys into key groups.
+    pub fn key_groups(&self) -> Result<KeyGroups, RescaleError> {
+        KeyGroups::aligned(self.max_parallelism, self.aligned_partitions.unwrap_or(1)).map_err(
+            |e| RescaleError::Corrupt {
+                name: self.name.clone(),
+                reason: e.to_string(),
+            },
+        )
+    }
+
     /// The parts whose keyed state overlaps `range`.
     pub fn parts_for(&self, range: KeyGroupRange) -> Vec<&SetPart> {
         self.parts
@@ -214,13 +241,11 @@ pub fn plan(
     instances: u32,
     repartition: Option<&str>,
 ) -> Result<Vec<PlanEntry>, RescaleError> {
-    if instances == 0 || instances > set.max_parallelism {
+    let numbering = set.key_groups()?;
+    if instances == 0 || !numbering.fits_instances(instances) {
         return Err(RescaleError::Incomplete {
             name: set.name.clone(),
-            reason: format!(
-                "{instances} instances cannot share {} key groups",
-                set.max_parallelism
-            ),
+            reason: format!("{instances} instances cannot share {numbering}"),
         });
     }
     let offsets = set.offsets();
@@ -232,9 +257,9 @@ pub fn plan(
     inputs.sort();
     (0..instances)
         .map(|i| {
-            let key_groups = KeyGroupRange::for_instance(set.max_parallelism, instances, i);
+            let key_groups = numbering.range_for_instance(instances, i);
             let owned = |o: &PartitionOffset| match repartition {
-                None => Ok(key_groups.contains(o.partition as u32)),
+                None => Ok(key_groups.contains(numbering.first_of_partition(o.partition as u32))),
                 Some(internal) => cluster::repartition_ownership(
                     &inputs,
                     internal,
@@ -315,6 +340,7 @@ mod tests {
             name: "s".into(),
             instances: 3,
             max_parallelism: 4,
+            aligned_partitions: None,
             created_at_ms: 0,
             parts: vec![part(0, 0, 1, 7), part(1, 2, 2, 5), part(2, 3, 3, 9)],
         };

@@ -1,6 +1,6 @@
 //! `GET /instance`: who this instance is and what it owns, for the console's overview
-//! (and for a person with curl). Read from the config and the metrics the job loop
-//! keeps; it never asks the loop.
+//! (and for a person with curl). Read from the config, the metrics the job loop keeps
+//! and the key groups it published at start; it never asks the loop.
 
 use std::collections::BTreeSet;
 
@@ -16,14 +16,7 @@ const LAG: &str = "streamstate_consumer_lag_records";
 pub(super) async fn instance(State(s): State<AppState>) -> Json<Value> {
     let c = &s.config;
     let partitions = owned_partitions(&s);
-    let key_groups = key_groups(
-        c.state.max_parallelism,
-        c.job.instances,
-        c.job.instance,
-        c.job.repartition,
-        &partitions,
-        &c.kafka.input_topics,
-    );
+    let key_groups = s.control.key_groups.lock().ok().and_then(|g| *g);
     Json(json!({
         "app_id": c.kafka.app_id,
         "instance": c.job.instance,
@@ -43,7 +36,12 @@ pub(super) async fn instance(State(s): State<AppState>) -> Json<Value> {
             .iter()
             .map(|(t, p)| json!({"topic": t, "partition": p}))
             .collect::<Vec<_>>(),
-        "key_groups": key_groups.map(|(first, last)| json!({"first": first, "last": last})),
+        "key_groups": key_groups.map(|(range, numbering)| json!({
+            "first": range.start,
+            "last": range.end,
+            "max_parallelism": numbering.max_parallelism(),
+            "aligned_partitions": numbering.aligned_partitions(),
+        })),
     }))
 }
 
@@ -66,75 +64,4 @@ fn owned_partitions(s: &AppState) -> BTreeSet<(String, i32)> {
             Some((label("topic")?, label("partition")?.parse().ok()?))
         })
         .collect()
-}
-
-/// The key-group range as the job derives it (`src/cluster.rs`): with several instances
-/// and keyed input, key group = partition, so the range is the owned partitions of one
-/// input topic; one instance owns all `max_parallelism` key groups (default: every input
-/// partition). `None` when it cannot be told from here (repartition mode without a
-/// configured `max_parallelism`, or before the first poll).
-fn key_groups(
-    max_parallelism: Option<u32>,
-    instances: u32,
-    instance: u32,
-    repartition: bool,
-    partitions: &BTreeSet<(String, i32)>,
-    inputs: &[String],
-) -> Option<(u32, u32)> {
-    if let Some(mp) =
-        max_parallelism.filter(|mp| instances > 0 && *mp >= instances && instance < instances)
-    {
-        let r = streamstate_state::KeyGroupRange::for_instance(mp, instances, instance);
-        return Some((r.start, r.end));
-    }
-    if repartition {
-        return None;
-    }
-    let input: Vec<i32> = partitions
-        .iter()
-        .filter(|(t, _)| inputs.iter().any(|i| i == t))
-        .map(|(_, p)| *p)
-        .collect();
-    if instances == 1 {
-        let n = input.len() as u32;
-        return (n > 0).then(|| (0, n - 1));
-    }
-    let first = inputs.first()?;
-    let mine: Vec<u32> = partitions
-        .iter()
-        .filter(|(t, _)| t == first)
-        .map(|(_, p)| *p as u32)
-        .collect();
-    Some((*mine.first()?, *mine.last()?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(v: &[(&str, i32)]) -> BTreeSet<(String, i32)> {
-        v.iter().map(|(t, p)| (t.to_string(), *p)).collect()
-    }
-
-    #[test]
-    fn key_groups_follow_the_jobs_ownership_rules() {
-        let inputs = vec!["in".to_string()];
-        // One instance: every key group, one per input partition.
-        let all = parts(&[("in", 0), ("in", 1), ("in", 2), ("in", 3)]);
-        assert_eq!(key_groups(None, 1, 0, false, &all, &inputs), Some((0, 3)));
-        // Several instances: key group = partition.
-        let mine = parts(&[("in", 2), ("in", 3)]);
-        assert_eq!(key_groups(None, 2, 1, false, &mine, &inputs), Some((2, 3)));
-        // Configured: Flink's range for the instance.
-        assert_eq!(
-            key_groups(Some(128), 3, 1, true, &mine, &inputs),
-            Some((43, 85))
-        );
-        // Not knowable from here.
-        assert_eq!(key_groups(None, 2, 0, true, &mine, &inputs), None);
-        assert_eq!(
-            key_groups(None, 1, 0, false, &BTreeSet::new(), &inputs),
-            None
-        );
-    }
 }

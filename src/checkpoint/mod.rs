@@ -191,6 +191,7 @@ pub(crate) mod suite {
                 identity: SnapshotIdentity {
                     checkpoint_id: c.id,
                     max_parallelism: 4,
+                    aligned_partitions: None,
                     key_group_range: KeyGroupRange::new(0, 3),
                     instance_index: 0,
                     instance_count: 1,

@@ -28,6 +28,7 @@ use crate::requests::{Reply, Request, Requests};
 use crate::sink::{Producer, SinkError};
 use crate::source::{Offsets, Source, SourceError, offset_state};
 use crate::{repartition, rescale};
+use streamstate_state::{KeyGroupRange, KeyGroups};
 
 mod barrier;
 mod pipeline;
@@ -68,6 +69,17 @@ pub enum JobError {
         what: String,
         found: u32,
         expected: u32,
+    },
+    #[error(
+        "{what} numbers keys as {found}, but job.instances > 1 with this input needs {expected}: instances own \
+         input partitions, and the key groups must follow them. Rekey a savepoint offline (streamstate surgery \
+         rekey --max-parallelism {max} --aligned-partitions <input partitions>), or run one instance",
+        max = found.max_parallelism()
+    )]
+    KeyGroups {
+        what: String,
+        found: KeyGroups,
+        expected: KeyGroups,
     },
     #[error("checkpoint file {file} (stored at {stored}) is damaged: {reason}")]
     CorruptFile {
@@ -123,6 +135,9 @@ pub struct Control {
     pub transactions: Arc<crate::transactions::Transactions>,
     /// Unix ms of the loop's last turn (0 while starting); `/livez` checks it.
     pub heartbeat_ms: AtomicU64,
+    /// The key groups this instance owns and how keys are numbered into them, set once
+    /// its state is open (`GET /instance`).
+    pub key_groups: std::sync::Mutex<Option<(KeyGroupRange, KeyGroups)>>,
 }
 
 /// Choices made at start by the operator, not by the config file.

@@ -220,8 +220,7 @@ impl Pipeline {
         let Some(internal) = &self.repartition else {
             return Ok(());
         };
-        let key_group =
-            streamstate_state::key_group_for(key.as_bytes(), self.state.store().max_parallelism());
+        let key_group = self.state.store().key_group_of(key.as_bytes());
         self.sink.send_to_partition(
             internal,
             key_group as i32,

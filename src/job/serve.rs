@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::TryRecvError;
 
 use rdkafka::consumer::Consumer;
-use streamstate_state::{KeyGroupRange, key_group_for};
 use tracing::{info, warn};
 
 use super::{Job, JobError, manifest_offsets, remove_dir, restore_into, unix_ms};
@@ -104,13 +103,15 @@ impl Job {
 
     fn key_state(&self, key: &str) -> Result<StateAnswer, JobError> {
         let store = self.pipeline.state.store();
-        let max_parallelism = store.max_parallelism();
-        let key_group = key_group_for(key.as_bytes(), max_parallelism);
+        let key_groups = store.key_groups();
+        let key_group = key_groups.of(key.as_bytes());
         if !store.key_group_range().contains(key_group) {
             let (_, instances) = store.instance();
             let owner = (0..instances)
                 .find(|i| {
-                    KeyGroupRange::for_instance(max_parallelism, instances, *i).contains(key_group)
+                    key_groups
+                        .range_for_instance(instances, *i)
+                        .contains(key_group)
                 })
                 .unwrap_or(0);
             return Ok(StateAnswer::NotOwned { key_group, owner });
@@ -283,7 +284,7 @@ pub(super) fn restore_savepoint(
         }
         warn!(savepoint = %id, "{detail}; restoring anyway (--ignore-committed-offsets): NOT exactly-once across this restart");
     }
-    let store = super::fresh_store(config, manifest.state.identity.max_parallelism)?;
+    let store = super::fresh_store(config, manifest.state.identity.key_groups()?)?;
     restore_into(config, storage.as_ref(), &manifest, |from| {
         Ok(store.restore(&[from])?)
     })?;

@@ -25,7 +25,7 @@ use crate::sink::Sink;
 use crate::source::offset_state::{self, Positions};
 use crate::source::{Offsets, Source, SourceError};
 use crate::{cluster, repartition, rescale};
-use streamstate_state::{SnapshotResult, StateStore, StoreConfig};
+use streamstate_state::{KeyGroups, SnapshotResult, StateStore, StoreConfig};
 
 impl Job {
     /// [`Job::start_with`] the built-in function `[job] function` names.
@@ -76,6 +76,26 @@ impl Job {
                 } else {
                     all_parts.len() as u32
                 });
+        // A rescaled start adopts the set's numbering of keys into key groups; any other
+        // start numbers them for its input (a restored checkpoint's is checked below).
+        let set = options
+            .from_savepoint_set
+            .as_ref()
+            .map(|name| rescale::read(&config, name).map(|set| (name, set)))
+            .transpose()?;
+        if let Some((name, set)) = &set
+            && set.max_parallelism != max_parallelism
+        {
+            return Err(JobError::MaxParallelism {
+                what: format!("savepoint set {name}"),
+                found: set.max_parallelism,
+                expected: max_parallelism,
+            });
+        }
+        let key_groups = match &set {
+            Some((_, set)) => set.key_groups()?,
+            None => cluster::key_groups_for_input(&all_parts, max_parallelism, internal.is_some()),
+        };
         let ownership = match &internal {
             Some(topic) => {
                 repartition::create_topic(&config, max_parallelism)?;
@@ -100,7 +120,7 @@ impl Job {
                     instance,
                 )?
             }
-            None => cluster::ownership(&all_parts, max_parallelism, instances, instance)?,
+            None => cluster::ownership(&all_parts, key_groups, instances, instance)?,
         };
         let parts = ownership.partitions.clone();
         // Hop 2 reads everything forwarded to its partitions, whatever kafka.start_offsets
@@ -127,16 +147,8 @@ impl Job {
         remove_staging(&config)?;
         // A rescaled start: the set's offsets are committed for these partitions (each by
         // the old instance that owned it) until this instance commits its first checkpoint.
-        let from_set = match &options.from_savepoint_set {
-            Some(name) => {
-                let set = rescale::read(&config, name)?;
-                if set.max_parallelism != max_parallelism {
-                    return Err(JobError::MaxParallelism {
-                        what: format!("savepoint set {name}"),
-                        found: set.max_parallelism,
-                        expected: max_parallelism,
-                    });
-                }
+        let from_set = match set {
+            Some((name, set)) => {
                 let set_offsets: Offsets = manifest_offsets(&set.offsets())
                     .into_iter()
                     .filter(|(p, _)| parts.contains(p))
@@ -170,7 +182,7 @@ impl Job {
             control: source.start_offsets(&control_parts, StartOffsets::Earliest)?,
         };
         let from_savepoint = match (&options.from_savepoint, from_set) {
-            (_, Some(set)) => Some(restore_set(&config, &set, max_parallelism)?),
+            (_, Some(set)) => Some(restore_set(&config, &set, key_groups)?),
             (Some(id), None) => Some(serve::restore_savepoint(
                 &config,
                 &options,
@@ -184,7 +196,7 @@ impl Job {
             (Some((store, manifest)), _) => (store, Some(manifest)),
             (None, None) => {
                 info!("no committed checkpoint: first start with empty state");
-                (fresh_store(&config, max_parallelism)?, None)
+                (fresh_store(&config, key_groups)?, None)
             }
             (None, Some(c)) => {
                 let restored = read_and_restore(&config, storage.as_ref(), &c.checkpoint).and_then(
@@ -237,6 +249,23 @@ impl Job {
                 found: m.state.identity.max_parallelism,
                 expected: max_parallelism,
             });
+        }
+        // Several instances own partitions by the numbering computed above; one instance
+        // owns every key group and keeps the numbering of the state it restored.
+        if let Some(m) = &manifest
+            && store.key_groups() != key_groups
+        {
+            if instances > 1 {
+                return Err(JobError::KeyGroups {
+                    what: format!("checkpoint {}", m.checkpoint),
+                    found: store.key_groups(),
+                    expected: key_groups,
+                });
+            }
+            info!(checkpoint = %m.checkpoint, key_groups = %store.key_groups(), "keeping the restored state's numbering of key groups");
+        }
+        if let Ok(mut published) = control.key_groups.lock() {
+            *published = Some((store.key_group_range(), store.key_groups()));
         }
         metrics
             .restore_duration
@@ -351,23 +380,25 @@ fn read_and_restore(
     checkpoint: &CheckpointRef,
 ) -> Result<(StateStore, Manifest), JobError> {
     let manifest = storage.read_manifest(checkpoint)?;
-    let store = fresh_store(config, manifest.state.identity.max_parallelism)?;
+    let store = fresh_store(config, manifest.state.identity.key_groups()?)?;
     restore_into(config, storage, &manifest, |from| {
         Ok(store.restore(&[from])?)
     })?;
     Ok((store, manifest))
 }
 
-/// Empty state with `max_parallelism` key groups (this instance's range of them), in
-/// this instance's state directory.
-pub(super) fn fresh_store(config: &Config, max_parallelism: u32) -> Result<StateStore, JobError> {
+/// Empty state numbered by `key_groups` (this instance's range of them), in this
+/// instance's state directory.
+pub(super) fn fresh_store(config: &Config, key_groups: KeyGroups) -> Result<StateStore, JobError> {
     let work_dir = config
         .state
         .dir
         .join(format!("instance-{}", config.job.instance));
-    let store_config = StoreConfig::new(config.state.backend, work_dir, max_parallelism)
-        .for_instance(config.job.instance, config.job.instances)
-        .with_cache_bytes(config.state.effective_cache_bytes());
+    let store_config =
+        StoreConfig::new(config.state.backend, work_dir, key_groups.max_parallelism())
+            .with_key_groups(key_groups)
+            .for_instance(config.job.instance, config.job.instances)
+            .with_cache_bytes(config.state.effective_cache_bytes());
     Ok(StateStore::open(store_config)?)
 }
 
@@ -379,9 +410,9 @@ pub(super) fn fresh_store(config: &Config, max_parallelism: u32) -> Result<State
 fn restore_set(
     config: &Config,
     set: &rescale::SavepointSet,
-    max_parallelism: u32,
+    key_groups: KeyGroups,
 ) -> Result<(StateStore, Manifest), JobError> {
-    let store = fresh_store(config, max_parallelism)?;
+    let store = fresh_store(config, key_groups)?;
     let mut fetched = Vec::new();
     let mut template: Option<Manifest> = None;
     let (mut offsets, mut control_offsets) = (Vec::new(), Vec::new());

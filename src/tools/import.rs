@@ -7,8 +7,8 @@ use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
+use streamstate_state::StateKind;
 use streamstate_state::offline::{Entry, RawSnapshot};
-use streamstate_state::{StateKind, key_group_for};
 
 use super::decoders::{Registry, for_function};
 use super::export::{Element, FORMAT, Header, Line, VERSION};
@@ -35,7 +35,7 @@ pub fn parse(reader: impl BufRead, codecs: &Registry) -> anyhow::Result<(RawSnap
             header.version
         );
     }
-    let mp = header.part.identity.max_parallelism;
+    let key_groups = header.part.identity.key_groups()?;
     let mut raw = RawSnapshot {
         part: header.part,
         entries: Default::default(),
@@ -49,7 +49,7 @@ pub fn parse(reader: impl BufRead, codecs: &Registry) -> anyhow::Result<(RawSnap
             Line::Timer(t) => {
                 let key = hex::decode(&t.key_hex).with_context(|| format!("line {n}: key_hex"))?;
                 Entry::Timer {
-                    key_group: key_group_for(&key, mp),
+                    key_group: key_groups.of(&key),
                     domain: t.domain,
                     timestamp: t.timestamp_ms,
                     namespace: hex::decode(&t.namespace_hex)
@@ -117,7 +117,7 @@ pub fn parse(reader: impl BufRead, codecs: &Registry) -> anyhow::Result<(RawSnap
                 };
                 let key = hex::decode(&e.key_hex).with_context(|| format!("line {n}: key_hex"))?;
                 Entry::State {
-                    key_group: key_group_for(&key, mp),
+                    key_group: key_groups.of(&key),
                     state: e.state,
                     kind: e.kind,
                     namespace: hex::decode(&e.namespace_hex)

@@ -8,20 +8,25 @@ use std::path::Path;
 use anyhow::{bail, ensure};
 use clap::Subcommand;
 use serde_json::{Value, json};
-use streamstate_state::keygroup::MAX_MAX_PARALLELISM;
 use streamstate_state::offline::{Entry, RawSnapshot};
-use streamstate_state::{KeyGroupRange, TtlConfig, key_group_for};
+use streamstate_state::{KeyGroupRange, KeyGroups, TtlConfig};
 
 use super::{fetch, now_ms, savepoint_out};
 use crate::config::Config;
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum Op {
-    /// Change max_parallelism (the number of key groups): every key moves to its key
-    /// group under the new count; the savepoint covers all of them.
+    /// Change max_parallelism (the number of key groups) and how keys are numbered
+    /// into them: every key moves to its key group under the new numbering; the
+    /// savepoint covers all of them.
     Rekey {
         #[arg(long)]
         max_parallelism: u32,
+        /// Align the key groups to this many input partitions (a divisor of
+        /// max_parallelism), so that several instances can share a topic with fewer
+        /// partitions than key groups. Without it keys are numbered modulo.
+        #[arg(long)]
+        aligned_partitions: Option<u32>,
     },
     /// Remove a state and all its entries.
     DropState { name: String },
@@ -49,7 +54,14 @@ pub enum Op {
 impl Op {
     pub fn describe(&self) -> String {
         match self {
-            Op::Rekey { max_parallelism } => format!("surgery rekey -> {max_parallelism}"),
+            Op::Rekey {
+                max_parallelism,
+                aligned_partitions: None,
+            } => format!("surgery rekey -> {max_parallelism}"),
+            Op::Rekey {
+                max_parallelism,
+                aligned_partitions: Some(p),
+            } => format!("surgery rekey -> {max_parallelism} aligned to {p} partitions"),
             Op::DropState { name } => format!("surgery drop-state {name}"),
             Op::RenameState { from, to } => format!("surgery rename-state {from} -> {to}"),
             Op::AddTtl { name, ttl, .. } => format!("surgery add-ttl {name} {ttl}"),
@@ -62,20 +74,27 @@ impl Op {
 pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
     let mut entries = raw.decoded()?;
     let report = match op {
-        Op::Rekey { max_parallelism: n } => {
+        Op::Rekey {
+            max_parallelism: n,
+            aligned_partitions,
+        } => {
             let n = *n;
-            ensure!(
-                (1..=MAX_MAX_PARALLELISM).contains(&n),
-                "max_parallelism {n} not in 1..={MAX_MAX_PARALLELISM}"
-            );
-            let old = raw.part.identity.max_parallelism;
+            let numbering = KeyGroups::aligned(n, aligned_partitions.unwrap_or(1))?;
+            let old = raw.part.identity.key_groups()?;
             for e in &mut entries {
-                let kg = key_group_for(e.key(), n);
+                let kg = numbering.of(e.key());
                 *e.key_group_mut() = kg;
             }
             raw.part.identity.max_parallelism = n;
+            raw.part.identity.aligned_partitions = numbering.aligned_partitions();
             raw.part.identity.key_group_range = KeyGroupRange::all(n);
-            json!({"operation": "rekey", "max_parallelism": {"from": old, "to": n}, "key_group_range": raw.part.identity.key_group_range, "entries": entries.len()})
+            json!({
+                "operation": "rekey",
+                "max_parallelism": {"from": old.max_parallelism(), "to": n},
+                "aligned_partitions": {"from": old.aligned_partitions(), "to": numbering.aligned_partitions()},
+                "key_group_range": raw.part.identity.key_group_range,
+                "entries": entries.len(),
+            })
         }
         Op::DropState { name } => {
             ensure!(
@@ -174,7 +193,7 @@ pub fn apply(raw: &mut RawSnapshot, op: &Op) -> anyhow::Result<Value> {
                 "operation": "delete-key",
                 "key": String::from_utf8(k.clone()).ok(),
                 "key_hex": hex::encode(&k),
-                "key_group": key_group_for(&k, raw.part.identity.max_parallelism),
+                "key_group": raw.part.identity.key_groups()?.of(&k),
                 "removed": by_state,
                 "timers_removed": timers,
                 "total_removed": total,

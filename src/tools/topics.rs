@@ -100,12 +100,68 @@ impl Role {
 pub struct Need {
     pub topic: String,
     pub role: Role,
-    /// `Some(n)`: exactly n partitions; `None`: any.
-    pub partitions: Option<usize>,
+    pub partitions: PartitionNeed,
     /// Least `max.message.bytes` (the dead-letter topic).
     pub min_max_message_bytes: Option<usize>,
     /// `cleanup.policy` must include `compact` (the control topic).
     pub compact: bool,
+}
+
+/// What a topic's partition count must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionNeed {
+    Any,
+    /// One per key group (the repartition topic), or the first input topic's count.
+    Exactly(usize),
+    /// Keyed input shared by several instances: a divisor of the key-group count (so the
+    /// groups align to the partitions, `src/cluster.rs`), at least one per instance.
+    Divides {
+        max_parallelism: usize,
+        instances: usize,
+    },
+}
+
+impl PartitionNeed {
+    /// Why `n` partitions do not do, if they do not.
+    fn refuses(&self, n: usize, role: Role) -> Option<String> {
+        match *self {
+            Self::Any => None,
+            Self::Exactly(want) if n == want => None,
+            Self::Exactly(want) => Some(match role {
+                Role::Repartition => format!(
+                    "needs {want} partitions (one per key group, state.max_parallelism); delete it while no job uses it"
+                ),
+                _ => format!(
+                    "needs {want} partitions: with job.instances > 1 every input topic needs the first one's count"
+                ),
+            }),
+            Self::Divides {
+                max_parallelism,
+                instances,
+            } if n == 0 || !max_parallelism.is_multiple_of(n) || n < instances => Some(format!(
+                "needs a partition count that divides state.max_parallelism ({max_parallelism}) and is at least \
+                 job.instances ({instances}): with job.instances > 1 each instance owns whole partitions and their key groups"
+            )),
+            Self::Divides { .. } => None,
+        }
+    }
+
+    /// The count to create a missing topic with, `preferred` if it does.
+    fn to_create(&self, preferred: usize, role: Role) -> usize {
+        match *self {
+            Self::Any => preferred,
+            Self::Exactly(n) => n,
+            Self::Divides {
+                max_parallelism, ..
+            } => {
+                if self.refuses(preferred, role).is_none() {
+                    preferred
+                } else {
+                    max_parallelism
+                }
+            }
+        }
+    }
 }
 
 /// Every topic `config` needs, given what exists now (the partition count the job
@@ -115,7 +171,7 @@ pub fn needs(config: &Config, existing: &BTreeMap<String, TopicInfo>) -> Vec<Nee
     let plain = |topic: &str, role| Need {
         topic: topic.to_string(),
         role,
-        partitions: None,
+        partitions: PartitionNeed::Any,
         min_max_message_bytes: None,
         compact: false,
     };
@@ -137,11 +193,21 @@ pub fn needs(config: &Config, existing: &BTreeMap<String, TopicInfo>) -> Vec<Nee
     let mut out: Vec<Need> = k
         .input_topics
         .iter()
-        .map(|t| Need {
-            partitions: if keyed_instances {
-                max_parallelism
-            } else {
-                None
+        .enumerate()
+        .map(|(i, t)| Need {
+            partitions: match (keyed_instances, max_parallelism, i) {
+                (false, _, _) | (_, None, _) => PartitionNeed::Any,
+                (true, Some(max_parallelism), 0) => PartitionNeed::Divides {
+                    max_parallelism,
+                    instances: config.job.instances as usize,
+                },
+                (true, Some(max_parallelism), _) => k.input_topics.first().and_then(count).map_or(
+                    PartitionNeed::Divides {
+                        max_parallelism,
+                        instances: config.job.instances as usize,
+                    },
+                    PartitionNeed::Exactly,
+                ),
             },
             ..plain(t, Role::Input)
         })
@@ -159,7 +225,7 @@ pub fn needs(config: &Config, existing: &BTreeMap<String, TopicInfo>) -> Vec<Nee
     }
     if config.job.repartition {
         out.push(Need {
-            partitions: max_parallelism,
+            partitions: max_parallelism.map_or(PartitionNeed::Any, PartitionNeed::Exactly),
             ..plain(&config.repartition_topic(), Role::Repartition)
         });
     }
@@ -244,17 +310,8 @@ fn judge(
     let setting = |name: &str| settings.and_then(|s| s.get(name)).cloned();
     let mut wrong = Vec::new();
     let mut notes = Vec::new();
-    if let Some(n) = need.partitions
-        && info.partitions != n
-    {
-        wrong.push(match need.role {
-            Role::Repartition => format!(
-                "needs {n} partitions (one per key group, state.max_parallelism); delete it while no job uses it"
-            ),
-            _ => format!(
-                "needs {n} partitions: with job.instances > 1 every input topic needs state.max_parallelism partitions"
-            ),
-        });
+    if let Some(why) = need.partitions.refuses(info.partitions, need.role) {
+        wrong.push(why);
     }
     if let Some(least) = need.min_max_message_bytes {
         match setting("max.message.bytes").and_then(|v| v.parse::<usize>().ok()) {
@@ -368,10 +425,16 @@ pub fn create(
             continue;
         }
         let (n, settings): (usize, Vec<(&str, &str)>) = match need.role {
-            Role::Input | Role::Output => (need.partitions.unwrap_or(data_partitions), vec![]),
+            Role::Input | Role::Output => (
+                need.partitions.to_create(data_partitions, need.role),
+                vec![],
+            ),
             Role::DeadLetter => (1, vec![("max.message.bytes", dlq_bytes.as_str())]),
             Role::Control => (1, vec![("cleanup.policy", "compact")]),
-            Role::Repartition => (need.partitions.unwrap_or(data_partitions), vec![]),
+            Role::Repartition => (
+                need.partitions.to_create(data_partitions, need.role),
+                vec![],
+            ),
         };
         plan.push((need.topic, n, settings));
     }
@@ -392,4 +455,31 @@ pub fn create(
     let created: Vec<(String, usize)> = plan.iter().map(|(t, n, _)| (t.clone(), *n)).collect();
     client.wait_for(&created)?;
     Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_instances_need_a_dividing_count_of_at_least_one_partition_each() {
+        let need = PartitionNeed::Divides {
+            max_parallelism: 120,
+            instances: 4,
+        };
+        for ok in [4, 12, 60, 120] {
+            assert_eq!(need.refuses(ok, Role::Input), None, "{ok}");
+        }
+        for bad in [0, 2, 3, 7, 240] {
+            assert!(need.refuses(bad, Role::Input).is_some(), "{bad}");
+        }
+        assert_eq!(need.to_create(12, Role::Input), 12);
+        assert_eq!(
+            need.to_create(7, Role::Input),
+            120,
+            "a count that does not divide is not created"
+        );
+        assert_eq!(PartitionNeed::Exactly(5).to_create(4, Role::Repartition), 5);
+        assert_eq!(PartitionNeed::Any.refuses(1, Role::Output), None);
+    }
 }

@@ -18,7 +18,6 @@ use crate::backend::KvBackend;
 use crate::codec::{DecodeFn, JsonCodec};
 use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
-use crate::keygroup::key_group_for;
 use crate::layout;
 use crate::store::StateStore;
 use crate::ttl::{OnRead, TS_LEN, read_ts};
@@ -55,7 +54,7 @@ impl StateStore {
     /// `null` for states without TTL.
     pub fn key_state_json(&self, key: &[u8]) -> Result<Option<Value>> {
         let mut g = self.lock();
-        let kg = key_group_for(key, g.config.max_parallelism);
+        let kg = g.key_groups.of(key);
         if !g.config.key_group_range.contains(kg) {
             return Err(StateError::Invalid(format!(
                 "key {} is in key group {kg}, outside this instance's range {}",

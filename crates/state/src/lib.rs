@@ -44,9 +44,12 @@
 //!
 //! ## Integration points (what the runtime calls)
 //!
-//! - [`key_group_for`]`(key, max_parallelism) -> u32`: Kafka's default
-//!   partitioner, so key group = input partition when `max_parallelism` =
-//!   partition count. [`KeyGroupRange::for_instance`]`(max_p, n, i)`.
+//! - [`KeyGroups`]: how keys are numbered into `max_parallelism` key groups,
+//!   aligned to the input's partitions (a key's group lies in the block of the
+//!   partition Kafka's default partitioner sends it to) or modulo
+//!   ([`key_group_for`]); [`KeyGroups::range_for_instance`]`(n, i)` gives
+//!   instance `i` of `n` whole partitions' blocks. [`StoreConfig::with_key_groups`]
+//!   sets it; every snapshot records it and restore refuses another numbering.
 //! - [`StateStore::open_with_clock`]`(StoreConfig, Arc<dyn Clock>)`; config:
 //!   backend (`"hashmap" | "rocksdb"` parse into [`BackendKind`]), work dir
 //!   (wiped), max parallelism, key-group range, instance index/count.
@@ -111,7 +114,7 @@ pub use codec::StateValue;
 pub use descriptor::*;
 pub use error::{Result, StateError};
 pub use keyed::{AggregatingState, ListState, MapState, ReducingState, ValueState};
-pub use keygroup::{KeyGroupRange, key_group_for, murmur2};
+pub use keygroup::{KeyGroupRange, KeyGroups, key_group_for, murmur2};
 pub use operator::{BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution};
 pub use schema::{Schema, SchemaChange, SchemaMeta, StateDeclaration};
 pub use snapshot::{

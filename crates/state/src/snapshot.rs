@@ -34,7 +34,7 @@ use crate::backend::{BackendKind, KvBackend};
 use crate::error::{IoContext, Result, StateError};
 pub use crate::files::SnapshotFile;
 use crate::files::{FileHashes, verify_file};
-use crate::keygroup::KeyGroupRange;
+use crate::keygroup::{KeyGroupRange, KeyGroups};
 use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::{OperatorList, OperatorStates, Redistribution};
 use crate::store::{Inner, StateMeta, StateStore, StoreConfig, open_backend};
@@ -77,6 +77,10 @@ pub struct SnapshotResult {
 pub struct SnapshotIdentity {
     pub checkpoint_id: u64,
     pub max_parallelism: u32,
+    /// [`StoreConfig::aligned_partitions`]: absent in parts numbered modulo, which is
+    /// every part written before alignment existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aligned_partitions: Option<u32>,
     pub key_group_range: KeyGroupRange,
     pub instance_index: u32,
     pub instance_count: u32,
@@ -88,10 +92,16 @@ impl SnapshotIdentity {
         Self {
             checkpoint_id,
             max_parallelism: config.max_parallelism,
+            aligned_partitions: config.aligned_partitions,
             key_group_range: config.key_group_range,
             instance_index: config.instance_index,
             instance_count: config.instance_count,
         }
+    }
+
+    /// How the part numbers keys into key groups.
+    pub fn key_groups(&self) -> Result<KeyGroups> {
+        KeyGroups::aligned(self.max_parallelism, self.aligned_partitions.unwrap_or(1))
     }
 
     /// A store config that owns exactly this part's key groups (for offline tools that
@@ -106,6 +116,7 @@ impl SnapshotIdentity {
             backend,
             work_dir: work_dir.to_path_buf(),
             max_parallelism: self.max_parallelism,
+            aligned_partitions: self.aligned_partitions,
             key_group_range: self.key_group_range,
             instance_index: self.instance_index,
             instance_count: self.instance_count,
@@ -581,12 +592,12 @@ impl StateStore {
                     r.format_version
                 )));
             }
-            if r.identity.max_parallelism != g.config.max_parallelism {
+            if r.identity.key_groups()? != g.key_groups {
                 return Err(StateError::Incompatible(format!(
-                    "{}: max_parallelism {} differs from this store's {}",
+                    "{}: {} differ from this store's {}",
                     dir.display(),
-                    r.identity.max_parallelism,
-                    g.config.max_parallelism
+                    r.identity.key_groups()?,
+                    g.key_groups
                 )));
             }
             let needed = r.identity.key_group_range.intersects(&range);
@@ -605,6 +616,7 @@ impl StateStore {
             }
             let meta = read_meta(dir)?;
             if meta.part.identity.max_parallelism != r.identity.max_parallelism
+                || meta.part.identity.aligned_partitions != r.identity.aligned_partitions
                 || meta.part.identity.key_group_range != r.identity.key_group_range
             {
                 return Err(StateError::Corrupt {

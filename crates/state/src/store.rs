@@ -19,7 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::codec::ser_append;
 use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};
-use crate::keygroup::{KeyGroupRange, MAX_MAX_PARALLELISM, key_group_for};
+use crate::keygroup::{KeyGroupRange, KeyGroups};
 use crate::layout::{self, FIRST_RESERVED_ID};
 use crate::operator::OperatorStates;
 use crate::schema::{MigrateFn, SchemaChange, SchemaMeta};
@@ -35,6 +35,10 @@ pub struct StoreConfig {
     pub work_dir: PathBuf,
     /// Fixed at the first start; every snapshot records it.
     pub max_parallelism: u32,
+    /// The input partition count the key groups are aligned to ([`KeyGroups`]); `None`
+    /// numbers them modulo `max_parallelism`. Fixed and recorded like it.
+    #[serde(default)]
+    pub aligned_partitions: Option<u32>,
     pub key_group_range: KeyGroupRange,
     /// This instance's index and the number of instances, for operator-state
     /// redistribution on restore.
@@ -69,6 +73,7 @@ impl StoreConfig {
             backend,
             work_dir: work_dir.into(),
             max_parallelism,
+            aligned_partitions: None,
             key_group_range: KeyGroupRange::all(max_parallelism.max(1)),
             instance_index: 0,
             instance_count: 1,
@@ -82,11 +87,32 @@ impl StoreConfig {
         self
     }
 
-    /// Instance `index` of `count`, with the standard key-group range.
+    /// Numbers keys as `key_groups` does (its `max_parallelism` replaces this
+    /// config's); call before [`Self::for_instance`].
+    pub fn with_key_groups(mut self, key_groups: KeyGroups) -> Self {
+        self.max_parallelism = key_groups.max_parallelism();
+        self.aligned_partitions = key_groups.aligned_partitions();
+        self.key_group_range = KeyGroupRange::all(self.max_parallelism.max(1));
+        self
+    }
+
+    /// How this store numbers keys into key groups.
+    pub fn key_groups(&self) -> Result<KeyGroups> {
+        KeyGroups::aligned(self.max_parallelism, self.aligned_partitions.unwrap_or(1))
+    }
+
+    /// Instance `index` of `count`, with the standard key-group range (whole
+    /// partitions' blocks when the groups are aligned to partitions).
     pub fn for_instance(mut self, index: u32, count: u32) -> Self {
         self.instance_index = index;
         self.instance_count = count;
-        self.key_group_range = KeyGroupRange::for_instance(self.max_parallelism, count, index);
+        self.key_group_range = match self.key_groups() {
+            Ok(kgs) if count >= 1 && index < count && kgs.fits_instances(count) => {
+                kgs.range_for_instance(count, index)
+            }
+            // Refused by `StateStore::open`, which checks the same.
+            _ => KeyGroupRange::all(self.max_parallelism.max(1)),
+        };
         self
     }
 }
@@ -110,6 +136,8 @@ pub(crate) struct Inner {
     /// cache is off).
     pub backend: CachedBackend,
     pub config: StoreConfig,
+    /// `config.key_groups()`, validated at open.
+    pub key_groups: KeyGroups,
     pub clock: Arc<dyn Clock>,
     pub states: HashMap<String, Arc<StateMeta>>,
     pub by_id: HashMap<u16, Arc<StateMeta>>,
@@ -173,9 +201,11 @@ impl StateStore {
     /// Opens an empty store; `clock` drives TTL and processing time.
     pub fn open_with_clock(config: StoreConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let mp = config.max_parallelism;
-        if mp == 0 || mp > MAX_MAX_PARALLELISM {
+        let key_groups = config.key_groups()?;
+        if !key_groups.fits_instances(config.instance_count) {
             return Err(StateError::Invalid(format!(
-                "max_parallelism {mp} not in 1..={MAX_MAX_PARALLELISM}"
+                "{} instances exceed the {key_groups}: an instance would own no partition",
+                config.instance_count
             )));
         }
         if config.key_group_range.end >= mp {
@@ -207,6 +237,7 @@ impl StateStore {
             inner: Arc::new(Mutex::new(Inner {
                 backend,
                 config,
+                key_groups,
                 clock,
                 states: HashMap::new(),
                 by_id: HashMap::new(),
@@ -244,6 +275,16 @@ impl StateStore {
         self.lock().config.max_parallelism
     }
 
+    /// How keys are numbered into key groups (fixed at open).
+    pub fn key_groups(&self) -> KeyGroups {
+        self.lock().key_groups
+    }
+
+    /// The key group of `key`.
+    pub fn key_group_of(&self, key: &[u8]) -> u32 {
+        self.lock().key_groups.of(key)
+    }
+
     pub fn key_group_range(&self) -> KeyGroupRange {
         self.lock().config.key_group_range
     }
@@ -265,7 +306,7 @@ impl StateStore {
     /// key belongs to a key group this instance does not own.
     pub fn set_current_key(&self, key: &[u8]) -> Result<u32> {
         let mut g = self.lock();
-        let kg = key_group_for(key, g.config.max_parallelism);
+        let kg = g.key_groups.of(key);
         if !g.config.key_group_range.contains(kg) {
             return Err(StateError::Invalid(format!(
                 "key {} is in key group {kg}, outside this instance's range {}",

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::KvBackend;
 use crate::error::Result;
-use crate::keygroup::key_group_for;
 use crate::layout::{self, TIMER_EVENT, TIMER_PROCESSING};
 use crate::store::{Inner, StateStore};
 
@@ -146,7 +145,7 @@ impl StateStore {
             let Some((ts, key, ns)) = g.timers.set(domain).pop_first() else {
                 break;
             };
-            let kg = key_group_for(&key, g.config.max_parallelism);
+            let kg = g.key_groups.of(&key);
             layout::encode_timer(&mut g.kbuf, kg, domain.id(), ts, &key, &ns);
             g.backend.delete(&g.kbuf)?;
             out.push(Timer {

@@ -28,7 +28,7 @@ fn owned_values(store: &StateStore) -> BTreeMap<u64, u64> {
     let range = store.key_group_range();
     let mut out = BTreeMap::new();
     for i in 0..KEYS {
-        if range.contains(key_group_for(&key(i), store.max_parallelism())) {
+        if range.contains(store.key_group_of(&key(i))) {
             store.set_current_key(&key(i)).unwrap();
             if let Some(x) = v.value().unwrap() {
                 out.insert(i, x);
@@ -106,6 +106,75 @@ fn restore_refuses_a_different_max_parallelism() {
         other.restore(&[part]),
         Err(StateError::Incompatible(_))
     ));
+}
+
+/// 12 partitions, 120 key groups: 1 → 4 → 3 instances, each key restored once, by the
+/// instance that owns the Kafka partition the key is produced to.
+fn aligned_key_groups_rescale_by_whole_partitions(kind: BackendKind) {
+    let env = Env::new();
+    let aligned = KeyGroups::aligned(120, 12).unwrap();
+    let one = env.open_numbered(kind, "a1", aligned, 0, 1).unwrap();
+    let v = one.value_state(&count_desc()).unwrap();
+    for i in 0..KEYS {
+        one.set_current_key(&key(i)).unwrap();
+        v.update(&(i + 7)).unwrap();
+    }
+    let mut parts = vec![snapshot_to(&one, 1, &env.path("a-chk1"))];
+    for (step, (count, partitions_each)) in [(4u32, 3u32), (3, 4)].into_iter().enumerate() {
+        let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut next = Vec::new();
+        for i in 0..count {
+            let s = env
+                .open_numbered(kind, &format!("a{count}-{i}"), aligned, i, count)
+                .unwrap();
+            s.restore(&parts).unwrap();
+            for (k, x) in owned_values(&s) {
+                let partition = key_group_for(&key(k), 12);
+                assert_eq!(
+                    partition / partitions_each,
+                    i,
+                    "key {k} of partition {partition}"
+                );
+                assert_eq!(x, k + 7);
+                assert!(seen.insert(k, x).is_none(), "key {k} restored twice");
+            }
+            assert_eq!(
+                stored_entries(&s, &env.path("unused")),
+                owned_values(&s).len() as u64
+            );
+            next.push(snapshot_to(
+                &s,
+                step as u64 + 2,
+                &env.path(&format!("a-chk{count}-{i}")),
+            ));
+        }
+        assert_eq!(seen.len() as u64, KEYS, "{count} instances");
+        parts = next;
+    }
+    // State numbered one way is never read another way.
+    let modulo = env
+        .open_numbered(kind, "m", KeyGroups::modulo(120), 0, 1)
+        .unwrap();
+    let err = modulo.restore(&parts).expect_err("refused");
+    assert!(
+        err.to_string().contains("aligned to 12 partitions")
+            && err.to_string().contains("numbered modulo"),
+        "{err}"
+    );
+    match env.open_numbered(kind, "x", aligned, 0, 13) {
+        Err(err) => assert!(err.to_string().contains("13 instances"), "{err}"),
+        Ok(_) => panic!("13 instances of 12 partitions must be refused"),
+    }
+}
+
+#[test]
+fn aligned_key_groups_rescale_by_whole_partitions_on_hashmap() {
+    aligned_key_groups_rescale_by_whole_partitions(BackendKind::Hashmap);
+}
+
+#[test]
+fn aligned_key_groups_rescale_by_whole_partitions_on_rocksdb() {
+    aligned_key_groups_rescale_by_whole_partitions(BackendKind::Rocksdb);
 }
 
 #[test]

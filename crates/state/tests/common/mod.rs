@@ -124,10 +124,23 @@ impl Env {
         index: u32,
         count: u32,
     ) -> StateStore {
-        let cfg = StoreConfig::new(kind, self.path(name), mp)
+        self.open_numbered(kind, name, KeyGroups::modulo(mp), index, count)
+            .expect("open store")
+    }
+    /// [`Self::open`] with keys numbered by `key_groups`; the error when it refuses.
+    pub fn open_numbered(
+        &self,
+        kind: BackendKind,
+        name: &str,
+        key_groups: KeyGroups,
+        index: u32,
+        count: u32,
+    ) -> Result<StateStore> {
+        let cfg = StoreConfig::new(kind, self.path(name), key_groups.max_parallelism())
+            .with_key_groups(key_groups)
             .for_instance(index, count)
             .with_cache_bytes(cache_mode().bytes());
-        StateStore::open_with_clock(cfg, Arc::new(self.clock.clone())).expect("open store")
+        StateStore::open_with_clock(cfg, Arc::new(self.clock.clone()))
     }
     pub fn single(&self, kind: BackendKind, name: &str) -> StateStore {
         self.open(kind, name, 128, 0, 1)
