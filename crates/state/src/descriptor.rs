@@ -4,37 +4,9 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::kind::StateKind;
 use crate::schema::{Schema, StateDeclaration};
 use crate::ttl::TtlConfig;
-
-/// What kind of keyed state a name refers to; recorded in snapshots so a
-/// restore can refuse to reinterpret a list as a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StateKind {
-    Value,
-    List,
-    Map,
-    Reducing,
-    Aggregating,
-}
-
-impl From<StateKind> for crate::ttl::Framing {
-    fn from(kind: StateKind) -> Self {
-        match kind {
-            StateKind::List => Self::List,
-            _ => Self::Single,
-        }
-    }
-}
-
-impl std::fmt::Display for StateKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 /// Descriptor of a `ValueState<T>`.
 #[derive(Clone)]

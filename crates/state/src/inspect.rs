@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 
 use crate::backend::KvBackend;
 use crate::codec::{DecodeFn, JsonCodec};
-use crate::descriptor::StateKind;
 use crate::error::{Result, StateError};
+use crate::kind::StateKind;
 use crate::layout;
 use crate::store::StateStore;
 use crate::ttl::{OnRead, TS_LEN, read_ts};

@@ -8,6 +8,7 @@
 //! | [`keygroup`] | key groups = Kafka's default partitioner; [`KeyGroupRange`] per instance |
 //! | [`store`] | [`StateStore`]: backend, current key/namespace, state registry |
 //! | [`descriptor`] | state descriptors: name, type, default, TTL |
+//! | [`kind`] | [`StateKind`]: value, list, map, reducing, aggregating |
 //! | [`keyed`] | typed keyed state: value, list, map, reducing, aggregating |
 //! | [`ttl`] | TTL config, and every expiry decision: what a read sees, what cleanup drops |
 //! | [`inspect`] | one key's state as JSON (admin state lookup), decoders per state |
@@ -98,6 +99,7 @@ pub mod files;
 pub mod inspect;
 pub mod keyed;
 pub mod keygroup;
+pub mod kind;
 pub mod layout;
 pub mod offline;
 pub mod operator;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use crate::backend::rocks::scan_checkpoint;
 use crate::backend::{BackendKind, KvBackend};
 use crate::clock::ManualClock;
-use crate::descriptor::StateKind;
 use crate::error::{IoContext, Result, StateError};
 use crate::files::verify_file;
+use crate::kind::StateKind;
 use crate::layout::{self, FIRST_RESERVED_ID, TIMER_EVENT, TIMER_PROCESSING};
 use crate::operator::{OperatorList, OperatorStates};
 use crate::snapshot::{
@@ -328,7 +328,7 @@ impl RawSnapshot {
                 }
                 broadcast.insert(name.clone(), map);
             }
-            g.operator = OperatorStates { lists, broadcast };
+            *g.operator.lock() = OperatorStates { lists, broadcast };
             g.rebuild_timer_index()?;
         }
         if out_dir.join(META_FILE).exists() {

@@ -9,13 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{StateValue, de, ser_append};
 use crate::descriptor::MapStateDescriptor;
 use crate::error::Result;
-use crate::store::StateStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -38,103 +40,81 @@ pub(crate) struct OperatorStates {
     pub broadcast: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
-impl StateStore {
-    /// Operator list state with even-split redistribution (e.g. a sink's
-    /// buffered elements, as in `examples/buffering_sink.rs`).
-    pub fn operator_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
-        self.operator_list(name, Redistribution::EvenSplit)
-    }
+/// A store's operator and broadcast state, shared with the handles it gives out. It has
+/// a lock of its own: operator state is never on the keyed hot path, and the store takes
+/// this lock only while holding its own (snapshot, restore), never the other way round.
+pub(crate) type SharedOperatorStates = Arc<Mutex<OperatorStates>>;
 
-    /// Operator list state that every instance receives whole on restore.
-    pub fn union_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
-        self.operator_list(name, Redistribution::Union)
-    }
+/// Whether operator list `name` exists, restored or registered (the handle methods
+/// create it, so they cannot tell an empty list from a missing one).
+pub(crate) fn has_list(ops: &SharedOperatorStates, name: &str) -> bool {
+    ops.lock().lists.contains_key(name)
+}
 
-    /// Whether operator list `name` exists, restored or registered (the handle methods
-    /// create it, so they cannot tell an empty list from a missing one).
-    pub fn has_operator_list(&self, name: &str) -> bool {
-        self.lock().operator.lists.contains_key(name)
+/// The handle of list `name`, created empty with `mode`; an error if it exists with
+/// the other mode.
+pub(crate) fn list_handle<T: StateValue>(
+    ops: &SharedOperatorStates,
+    name: &str,
+    mode: Redistribution,
+) -> Result<OperatorListState<T>> {
+    let mut g = ops.lock();
+    let entry = g.lists.entry(name.to_string()).or_insert(OperatorList {
+        mode,
+        entries: Vec::new(),
+    });
+    if entry.mode != mode {
+        return Err(crate::StateError::KindMismatch {
+            name: name.into(),
+            existing: format!("{:?}", entry.mode),
+            requested: format!("{mode:?}"),
+        });
     }
+    Ok(OperatorListState {
+        ops: ops.clone(),
+        name: name.to_string(),
+        _t: PhantomData,
+    })
+}
 
-    fn operator_list<T: StateValue>(
-        &self,
-        name: &str,
-        mode: Redistribution,
-    ) -> Result<OperatorListState<T>> {
-        let mut g = self.lock();
-        let entry = g
-            .operator
-            .lists
-            .entry(name.to_string())
-            .or_insert(OperatorList {
-                mode,
-                entries: Vec::new(),
-            });
-        if entry.mode != mode {
-            return Err(crate::StateError::KindMismatch {
-                name: name.into(),
-                existing: format!("{:?}", entry.mode),
-                requested: format!("{mode:?}"),
-            });
-        }
-        Ok(OperatorListState {
-            store: self.clone(),
-            name: name.to_string(),
-            _t: PhantomData,
-        })
+/// The writable handle of broadcast map `d` (the broadcast side's).
+pub(crate) fn broadcast_handle<K: StateValue, V: StateValue>(
+    ops: &SharedOperatorStates,
+    d: &MapStateDescriptor<K, V>,
+) -> BroadcastState<K, V> {
+    ops.lock().broadcast.entry(d.name.clone()).or_default();
+    BroadcastState {
+        read: read_only_broadcast_handle(ops, d),
     }
+}
 
-    /// The writable broadcast state (broadcast side only).
-    pub fn broadcast_state<K: StateValue, V: StateValue>(
-        &self,
-        d: &MapStateDescriptor<K, V>,
-    ) -> BroadcastState<K, V> {
-        self.lock()
-            .operator
-            .broadcast
-            .entry(d.name.clone())
-            .or_default();
-        BroadcastState {
-            read: ReadOnlyBroadcastState {
-                store: self.clone(),
-                name: d.name.clone(),
-                _t: PhantomData,
-            },
-        }
-    }
-
-    /// The read-only view of a broadcast state (keyed side).
-    pub fn read_only_broadcast_state<K: StateValue, V: StateValue>(
-        &self,
-        d: &MapStateDescriptor<K, V>,
-    ) -> ReadOnlyBroadcastState<K, V> {
-        ReadOnlyBroadcastState {
-            store: self.clone(),
-            name: d.name.clone(),
-            _t: PhantomData,
-        }
+/// The read-only handle of broadcast map `d` (the keyed side's).
+pub(crate) fn read_only_broadcast_handle<K: StateValue, V: StateValue>(
+    ops: &SharedOperatorStates,
+    d: &MapStateDescriptor<K, V>,
+) -> ReadOnlyBroadcastState<K, V> {
+    ReadOnlyBroadcastState {
+        ops: ops.clone(),
+        name: d.name.clone(),
+        _t: PhantomData,
     }
 }
 
 /// Handle to an operator list (even-split or union).
 #[derive(Clone)]
 pub struct OperatorListState<T> {
-    store: StateStore,
+    ops: SharedOperatorStates,
     name: String,
     _t: PhantomData<fn() -> T>,
 }
 
 impl<T: StateValue> OperatorListState<T> {
     fn with<R>(&self, f: impl FnOnce(&mut OperatorList) -> R) -> R {
-        let mut g = self.store.lock();
-        let l = g
-            .operator
-            .lists
-            .entry(self.name.clone())
-            .or_insert(OperatorList {
-                mode: Redistribution::EvenSplit,
-                entries: Vec::new(),
-            });
+        let mut g = self.ops.lock();
+        let l = g.lists.entry(self.name.clone()).or_insert(OperatorList {
+            mode: Redistribution::EvenSplit,
+            entries: Vec::new(),
+        });
         f(l)
     }
     pub fn get(&self) -> Result<Vec<T>> {
@@ -183,7 +163,7 @@ impl<T: StateValue> OperatorListState<T> {
 /// ```
 #[derive(Clone)]
 pub struct ReadOnlyBroadcastState<K, V> {
-    store: StateStore,
+    ops: SharedOperatorStates,
     name: String,
     _t: PhantomData<fn() -> (K, V)>,
 }
@@ -192,13 +172,8 @@ impl<K: StateValue, V: StateValue> ReadOnlyBroadcastState<K, V> {
     pub fn get(&self, key: &K) -> Result<Option<V>> {
         let mut kb = Vec::new();
         ser_append(&mut kb, key, &self.name)?;
-        let g = self.store.lock();
-        match g
-            .operator
-            .broadcast
-            .get(&self.name)
-            .and_then(|m| m.get(&kb))
-        {
+        let g = self.ops.lock();
+        match g.broadcast.get(&self.name).and_then(|m| m.get(&kb)) {
             Some(v) => Ok(Some(de(v, &self.name)?)),
             None => Ok(None),
         }
@@ -207,8 +182,8 @@ impl<K: StateValue, V: StateValue> ReadOnlyBroadcastState<K, V> {
         Ok(self.get(key)?.is_some())
     }
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
-        let g = self.store.lock();
-        let Some(m) = g.operator.broadcast.get(&self.name) else {
+        let g = self.ops.lock();
+        let Some(m) = g.broadcast.get(&self.name) else {
             return Ok(Vec::new());
         };
         m.iter()
@@ -238,9 +213,8 @@ impl<K: StateValue, V: StateValue> BroadcastState<K, V> {
         let mut vb = Vec::new();
         ser_append(&mut vb, value, name)?;
         self.read
-            .store
+            .ops
             .lock()
-            .operator
             .broadcast
             .entry(name.clone())
             .or_default()
@@ -251,20 +225,13 @@ impl<K: StateValue, V: StateValue> BroadcastState<K, V> {
         let name = &self.read.name;
         let mut kb = Vec::new();
         ser_append(&mut kb, key, name)?;
-        if let Some(m) = self.read.store.lock().operator.broadcast.get_mut(name) {
+        if let Some(m) = self.read.ops.lock().broadcast.get_mut(name) {
             m.remove(&kb);
         }
         Ok(())
     }
     pub fn clear(&self) {
-        if let Some(m) = self
-            .read
-            .store
-            .lock()
-            .operator
-            .broadcast
-            .get_mut(&self.read.name)
-        {
+        if let Some(m) = self.read.ops.lock().broadcast.get_mut(&self.read.name) {
             m.clear();
         }
     }

@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::descriptor::StateKind;
+use crate::kind::StateKind;
 use crate::ttl::TtlConfig;
 
 /// What a snapshot records about the value type of one state.

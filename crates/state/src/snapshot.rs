@@ -277,6 +277,7 @@ impl Inner {
     fn meta_file(&self, checkpoint_id: u64, keyed_format: KeyedFormat) -> MetaFile {
         let mut states: Vec<StateMeta> = self.states.values().map(|m| (**m).clone()).collect();
         states.sort_by_key(|m| m.id);
+        let operators = self.operator.lock();
         MetaFile {
             format: "streamstate-state-meta".into(),
             version: FORMAT_VERSION,
@@ -285,8 +286,7 @@ impl Inner {
             part: PartMeta {
                 identity: SnapshotIdentity::of(&self.config, checkpoint_id),
                 states,
-                operator_lists: self
-                    .operator
+                operator_lists: operators
                     .lists
                     .iter()
                     .map(|(n, l)| {
@@ -299,8 +299,7 @@ impl Inner {
                         )
                     })
                     .collect(),
-                broadcast: self
-                    .operator
+                broadcast: operators
                     .broadcast
                     .iter()
                     .map(|(n, m)| {
@@ -809,7 +808,7 @@ impl StateStore {
             g.install(m);
         }
         g.next_id = next_id;
-        g.operator = operator;
+        *g.operator.lock() = operator;
         g.restored = !parts.is_empty();
         g.sha_cache.clear();
         g.cursor.clear();

@@ -16,14 +16,19 @@ use crate::backend::rocks::RocksBackend;
 use crate::backend::{BackendKind, KvBackend};
 use crate::cache::{CacheStats, CachedBackend};
 use crate::clock::{Clock, SystemClock};
+use crate::codec::StateValue;
 use crate::codec::ser_append;
-use crate::descriptor::StateKind;
+use crate::descriptor::MapStateDescriptor;
 use crate::error::{IoContext, Result, StateError};
 use crate::keygroup::{KeyGroupRange, KeyGroups};
+use crate::kind::StateKind;
 use crate::layout::{self, FIRST_RESERVED_ID};
-use crate::operator::OperatorStates;
+use crate::operator::{
+    self, BroadcastState, OperatorListState, ReadOnlyBroadcastState, Redistribution,
+    SharedOperatorStates,
+};
 use crate::schema::{MigrateFn, SchemaChange, SchemaMeta};
-use crate::timers::TimerIndex;
+use crate::timers::{TimeDomain, Timer, TimerAt, TimerIndex};
 use crate::ttl::{self, Expiry, OnRead, TS_LEN, TtlConfig, TtlRegistry, read_ts};
 
 /// How to open a store.
@@ -152,7 +157,7 @@ pub(crate) struct Inner {
     pub vbuf: Vec<u8>,
     pub sbuf: Vec<u8>,
     pub timers: TimerIndex,
-    pub operator: OperatorStates,
+    pub operator: SharedOperatorStates,
     pub restored: bool,
     pub incremental: Option<u32>,
     pub cursor: Vec<u8>,
@@ -251,7 +256,7 @@ impl StateStore {
                 vbuf: Vec::with_capacity(256),
                 sbuf: Vec::with_capacity(256),
                 timers: TimerIndex::default(),
-                operator: OperatorStates::default(),
+                operator: SharedOperatorStates::default(),
                 restored: false,
                 incremental: None,
                 cursor: Vec::new(),
@@ -415,7 +420,117 @@ impl StateStore {
     }
 }
 
+/// Operator and broadcast state ([`crate::operator`] keeps them).
+impl StateStore {
+    /// Operator list state with even-split redistribution (e.g. a sink's
+    /// buffered elements, as in `examples/buffering_sink.rs`).
+    pub fn operator_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
+        operator::list_handle(&self.lock().operator, name, Redistribution::EvenSplit)
+    }
+
+    /// Operator list state that every instance receives whole on restore.
+    pub fn union_list_state<T: StateValue>(&self, name: &str) -> Result<OperatorListState<T>> {
+        operator::list_handle(&self.lock().operator, name, Redistribution::Union)
+    }
+
+    /// Whether operator list `name` exists, restored or registered (the handle methods
+    /// create it, so they cannot tell an empty list from a missing one).
+    pub fn has_operator_list(&self, name: &str) -> bool {
+        operator::has_list(&self.lock().operator, name)
+    }
+
+    /// The writable broadcast state (broadcast side only).
+    pub fn broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> BroadcastState<K, V> {
+        operator::broadcast_handle(&self.lock().operator, d)
+    }
+
+    /// The read-only view of a broadcast state (keyed side).
+    pub fn read_only_broadcast_state<K: StateValue, V: StateValue>(
+        &self,
+        d: &MapStateDescriptor<K, V>,
+    ) -> ReadOnlyBroadcastState<K, V> {
+        operator::read_only_broadcast_handle(&self.lock().operator, d)
+    }
+}
+
+/// Timers of the current key and namespace ([`crate::timers`] keeps them).
+impl StateStore {
+    /// Registers a timer for the current key and namespace. Registering the
+    /// same (time, key, namespace) twice leaves one timer.
+    pub fn register_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        if !g.has_key {
+            return Err(StateError::NoCurrentKey);
+        }
+        let at = TimerAt {
+            buf: &mut g.kbuf,
+            key_group: g.kg,
+            key: &g.key,
+            namespace: &g.ns,
+        };
+        g.timers.register(&mut g.backend, at, domain, timestamp)
+    }
+
+    pub fn delete_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        if !g.has_key {
+            return Err(StateError::NoCurrentKey);
+        }
+        let at = TimerAt {
+            buf: &mut g.kbuf,
+            key_group: g.kg,
+            key: &g.key,
+            namespace: &g.ns,
+        };
+        g.timers.delete(&mut g.backend, at, domain, timestamp)
+    }
+
+    pub fn register_event_time_timer(&self, timestamp: u64) -> Result<()> {
+        self.register_timer(TimeDomain::EventTime, timestamp)
+    }
+    pub fn delete_event_time_timer(&self, timestamp: u64) -> Result<()> {
+        self.delete_timer(TimeDomain::EventTime, timestamp)
+    }
+    pub fn register_processing_time_timer(&self, timestamp: u64) -> Result<()> {
+        self.register_timer(TimeDomain::ProcessingTime, timestamp)
+    }
+    pub fn delete_processing_time_timer(&self, timestamp: u64) -> Result<()> {
+        self.delete_timer(TimeDomain::ProcessingTime, timestamp)
+    }
+
+    /// The earliest registered timer of `domain`.
+    pub fn next_timer(&self, domain: TimeDomain) -> Option<u64> {
+        self.lock().timers.next(domain)
+    }
+
+    /// Removes and returns every timer with `timestamp <= up_to`, in time
+    /// order (ties by key, then namespace). Timers registered while firing
+    /// are returned by the next call.
+    pub fn pop_due_timers(&self, domain: TimeDomain, up_to: u64) -> Result<Vec<Timer>> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        g.timers
+            .pop_due(&mut g.backend, &mut g.kbuf, g.key_groups, domain, up_to)
+    }
+
+    /// Number of registered timers of `domain`.
+    pub fn timer_count(&self, domain: TimeDomain) -> usize {
+        self.lock().timers.count(domain)
+    }
+}
+
 impl Inner {
+    /// Reloads the timer index from the backend (after a restore).
+    pub(crate) fn rebuild_timer_index(&mut self) -> Result<()> {
+        self.timers = TimerIndex::load(&mut self.backend, self.config.key_group_range)?;
+        Ok(())
+    }
+
     #[inline]
     pub fn now(&self) -> u64 {
         self.clock.now_ms()

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::KvBackend;
 use crate::error::Result;
+use crate::keygroup::{KeyGroupRange, KeyGroups};
 use crate::layout::{self, TIMER_EVENT, TIMER_PROCESSING};
-use crate::store::{Inner, StateStore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TimeDomain {
@@ -51,103 +51,100 @@ impl TimerIndex {
             TimeDomain::ProcessingTime => &mut self.processing,
         }
     }
-}
 
-impl Inner {
-    /// Reloads the index from the backend (after a restore).
-    pub(crate) fn rebuild_timer_index(&mut self) -> Result<()> {
-        self.timers = TimerIndex::default();
-        let range = self.config.key_group_range;
+    /// The index of the timers stored in `backend` for `range` (after a restore).
+    pub(crate) fn load(backend: &mut dyn KvBackend, range: KeyGroupRange) -> Result<Self> {
+        let mut index = Self::default();
         for kg in range.start..=range.end {
             for domain in [TimeDomain::EventTime, TimeDomain::ProcessingTime] {
                 let mut start = (kg as u16).to_be_bytes().to_vec();
                 start.extend_from_slice(&domain.id().to_be_bytes());
                 let end = layout::prefix_end(&start);
                 let mut found = Vec::new();
-                self.backend.scan(&start, &end, &mut |k, _| {
+                backend.scan(&start, &end, &mut |k, _| {
                     found.push(k.to_vec());
                     true
                 })?;
                 for k in found {
                     let p = layout::decode_key(&k)?;
-                    self.timers.set(domain).insert((
-                        p.ts.unwrap_or(0),
-                        p.key.to_vec(),
-                        p.ns.to_vec(),
-                    ));
+                    index
+                        .set(domain)
+                        .insert((p.ts.unwrap_or(0), p.key.to_vec(), p.ns.to_vec()));
                 }
             }
         }
-        Ok(())
-    }
-}
-
-impl StateStore {
-    /// Registers a timer for the current key and namespace. Registering the
-    /// same (time, key, namespace) twice leaves one timer.
-    pub fn register_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
-        let mut g = self.lock();
-        if !g.has_key {
-            return Err(crate::StateError::NoCurrentKey);
-        }
-        let g = &mut *g;
-        layout::encode_timer(&mut g.kbuf, g.kg, domain.id(), timestamp, &g.key, &g.ns);
-        g.backend.put(&g.kbuf, &[])?;
-        g.timers
-            .set(domain)
-            .insert((timestamp, g.key.clone(), g.ns.clone()));
-        Ok(())
+        Ok(index)
     }
 
-    pub fn delete_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
-        let mut g = self.lock();
-        if !g.has_key {
-            return Err(crate::StateError::NoCurrentKey);
-        }
-        let g = &mut *g;
-        layout::encode_timer(&mut g.kbuf, g.kg, domain.id(), timestamp, &g.key, &g.ns);
-        g.backend.delete(&g.kbuf)?;
-        g.timers
-            .set(domain)
-            .remove(&(timestamp, g.key.clone(), g.ns.clone()));
+    /// Stores and indexes a timer; registering the same one twice leaves one.
+    pub(crate) fn register(
+        &mut self,
+        backend: &mut dyn KvBackend,
+        at: TimerAt<'_>,
+        domain: TimeDomain,
+        timestamp: u64,
+    ) -> Result<()> {
+        layout::encode_timer(
+            at.buf,
+            at.key_group,
+            domain.id(),
+            timestamp,
+            at.key,
+            at.namespace,
+        );
+        backend.put(at.buf, &[])?;
+        self.set(domain)
+            .insert((timestamp, at.key.to_vec(), at.namespace.to_vec()));
         Ok(())
     }
 
-    pub fn register_event_time_timer(&self, timestamp: u64) -> Result<()> {
-        self.register_timer(TimeDomain::EventTime, timestamp)
-    }
-    pub fn delete_event_time_timer(&self, timestamp: u64) -> Result<()> {
-        self.delete_timer(TimeDomain::EventTime, timestamp)
-    }
-    pub fn register_processing_time_timer(&self, timestamp: u64) -> Result<()> {
-        self.register_timer(TimeDomain::ProcessingTime, timestamp)
-    }
-    pub fn delete_processing_time_timer(&self, timestamp: u64) -> Result<()> {
-        self.delete_timer(TimeDomain::ProcessingTime, timestamp)
+    pub(crate) fn delete(
+        &mut self,
+        backend: &mut dyn KvBackend,
+        at: TimerAt<'_>,
+        domain: TimeDomain,
+        timestamp: u64,
+    ) -> Result<()> {
+        layout::encode_timer(
+            at.buf,
+            at.key_group,
+            domain.id(),
+            timestamp,
+            at.key,
+            at.namespace,
+        );
+        backend.delete(at.buf)?;
+        self.set(domain)
+            .remove(&(timestamp, at.key.to_vec(), at.namespace.to_vec()));
+        Ok(())
     }
 
-    /// The earliest registered timer of `domain`.
-    pub fn next_timer(&self, domain: TimeDomain) -> Option<u64> {
-        self.lock().timers.set(domain).first().map(|e| e.0)
+    /// The earliest timer of `domain`.
+    pub(crate) fn next(&mut self, domain: TimeDomain) -> Option<u64> {
+        self.set(domain).first().map(|e| e.0)
     }
 
-    /// Removes and returns every timer with `timestamp <= up_to`, in time
-    /// order (ties by key, then namespace). Timers registered while firing
-    /// are returned by the next call.
-    pub fn pop_due_timers(&self, domain: TimeDomain, up_to: u64) -> Result<Vec<Timer>> {
-        let mut g = self.lock();
-        let g = &mut *g;
+    /// Removes (from the index and `backend`) and returns every timer with `timestamp
+    /// <= up_to`, in time order (ties by key, then namespace).
+    pub(crate) fn pop_due(
+        &mut self,
+        backend: &mut dyn KvBackend,
+        buf: &mut Vec<u8>,
+        key_groups: KeyGroups,
+        domain: TimeDomain,
+        up_to: u64,
+    ) -> Result<Vec<Timer>> {
         let mut out = Vec::new();
-        while let Some(first) = g.timers.set(domain).first() {
-            if first.0 > up_to {
-                break;
-            }
-            let Some((ts, key, ns)) = g.timers.set(domain).pop_first() else {
+        while self
+            .set(domain)
+            .first()
+            .is_some_and(|first| first.0 <= up_to)
+        {
+            let Some((ts, key, ns)) = self.set(domain).pop_first() else {
                 break;
             };
-            let kg = g.key_groups.of(&key);
-            layout::encode_timer(&mut g.kbuf, kg, domain.id(), ts, &key, &ns);
-            g.backend.delete(&g.kbuf)?;
+            layout::encode_timer(buf, key_groups.of(&key), domain.id(), ts, &key, &ns);
+            backend.delete(buf)?;
             out.push(Timer {
                 timestamp: ts,
                 key,
@@ -158,8 +155,16 @@ impl StateStore {
         Ok(out)
     }
 
-    /// Number of registered timers of `domain`.
-    pub fn timer_count(&self, domain: TimeDomain) -> usize {
-        self.lock().timers.set(domain).len()
+    pub(crate) fn count(&mut self, domain: TimeDomain) -> usize {
+        self.set(domain).len()
     }
+}
+
+/// Where a timer of the current key lives: its key group, key and namespace, and a
+/// scratch buffer for its storage key.
+pub(crate) struct TimerAt<'a> {
+    pub buf: &'a mut Vec<u8>,
+    pub key_group: u32,
+    pub key: &'a [u8],
+    pub namespace: &'a [u8],
 }
