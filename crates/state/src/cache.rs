@@ -40,7 +40,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendKind, BatchOp, KvBackend, PendingSnapshot};
+use crate::backend::{BackendKind, BatchOp, FrozenEntries, KvBackend, PendingSnapshot};
 use crate::error::Result;
 
 /// The suggested capacity when the cache is turned on, 64 MiB: room for about half a million small entries
@@ -522,6 +522,11 @@ impl KvBackend for CachedBackend {
     fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
         self.write_back()?;
         self.inner.native_snapshot(dir)
+    }
+
+    /// The backend's entries: the caller writes the cache back first (the barrier does).
+    fn freeze(&mut self) -> Option<Box<dyn FrozenEntries>> {
+        self.inner.freeze()
     }
 
     fn approximate_len(&mut self) -> Result<u64> {

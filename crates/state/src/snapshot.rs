@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::backend::rocks::{RocksBackend, scan_checkpoint};
-use crate::backend::{BackendKind, KvBackend};
+use crate::backend::{BackendKind, FrozenEntries, KvBackend};
 use crate::error::{IoContext, Result, StateError};
 pub use crate::files::SnapshotFile;
 use crate::files::{FileHashes, verify_file};
@@ -214,24 +214,37 @@ fn write_hashed(
     })
 }
 
-impl Inner {
+/// How a scan over stored entries is handed to the canonical writer: the live backend's,
+/// or a frozen copy's.
+type Scan<'a> = &'a mut dyn FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()>;
+
+/// What writing the canonical format needs besides the entries: the owned range, and
+/// each state's TTL with the barrier's time, for the cleanup of full snapshots.
+struct CanonicalPlan {
+    start: Vec<u8>,
+    end: Vec<u8>,
+    by_id: HashMap<u16, Arc<StateMeta>>,
+    now: u64,
+}
+
+impl CanonicalPlan {
     /// Writes keyed state and timers of the owned range in the canonical
     /// format, leaving out entries expired under a full-snapshot cleanup.
-    fn write_canonical(&mut self, path: &Path, sync: bool) -> Result<SnapshotFile> {
-        let (start, end) = layout::key_group_bounds(
-            self.config.key_group_range.start,
-            self.config.key_group_range.end,
-        );
-        let now = self.clock.now_ms();
-        let by_id = self.by_id.clone();
-        let backend = &mut self.backend;
+    fn write(&self, path: &Path, sync: bool, scan: Scan<'_>) -> Result<SnapshotFile> {
+        let Self {
+            start,
+            end,
+            by_id,
+            now,
+        } = self;
+        let now = *now;
         write_hashed(path, sync, |w| {
             w.write_all(MAGIC).at(path)?;
             w.write_all(&FORMAT_VERSION.to_le_bytes()).at(path)?;
             let mut count = 0u64;
             let mut err: Option<StateError> = None;
             let mut rec = Vec::with_capacity(256);
-            backend.scan(&start, &end, &mut |k, v| {
+            scan(start, end, &mut |k, v| {
                 let step = (|| -> Result<()> {
                     let id = u16::from_be_bytes([k[2], k[3]]);
                     let mut value = std::borrow::Cow::Borrowed(v);
@@ -272,6 +285,28 @@ impl Inner {
             w.write_all(&count.to_le_bytes()).at(path)?;
             Ok(())
         })
+    }
+}
+
+impl Inner {
+    fn canonical_plan(&self) -> CanonicalPlan {
+        let (start, end) = layout::key_group_bounds(
+            self.config.key_group_range.start,
+            self.config.key_group_range.end,
+        );
+        CanonicalPlan {
+            start,
+            end,
+            by_id: self.by_id.clone(),
+            now: self.clock.now_ms(),
+        }
+    }
+
+    /// The canonical format from the live backend, here and now.
+    fn write_canonical(&mut self, path: &Path, sync: bool) -> Result<SnapshotFile> {
+        let plan = self.canonical_plan();
+        let backend = &mut self.backend;
+        plan.write(path, sync, &mut |start, end, f| backend.scan(start, end, f))
     }
 
     fn meta_file(&self, checkpoint_id: u64, keyed_format: KeyedFormat) -> MetaFile {
@@ -332,23 +367,23 @@ impl Inner {
         } else {
             self.backend.native_snapshot(dir)?
         };
+        // A checkpoint of a backend that can freeze its entries writes them after the
+        // barrier, off the job thread; anything else writes them here.
+        let frozen = match (&native, defer) {
+            (None, true) => self.backend.freeze(),
+            _ => None,
+        };
         let keyed_format = if native.is_some() {
             KeyedFormat::RocksdbCheckpoint
         } else {
-            let mut f = self.write_canonical(&dir.join(KEYED_FILE), !defer)?;
-            f.path = KEYED_FILE.into();
-            files.push(f);
+            if frozen.is_none() {
+                let mut f = self.write_canonical(&dir.join(KEYED_FILE), !defer)?;
+                f.path = KEYED_FILE.into();
+                files.push(f);
+            }
             KeyedFormat::Canonical
         };
         let meta = self.meta_file(checkpoint_id, keyed_format);
-        let meta_path = dir.join(META_FILE);
-        // A deferred snapshot is staging for the uploader, which copies and syncs it.
-        let mut mf = write_hashed(&meta_path, !defer, |w| {
-            serde_json::to_writer_pretty(&mut *w, &meta)
-                .map_err(|e| StateError::Invalid(e.to_string()))
-        })?;
-        mf.path = META_FILE.into();
-        files.push(mf);
         let mut result = SnapshotResult {
             format_version: FORMAT_VERSION,
             backend: self.config.backend,
@@ -356,46 +391,94 @@ impl Inner {
             identity: meta.part.identity,
             files,
         };
-        let rest = native.map(|pending| DeferredSnapshot {
+        let keyed = match (native, frozen) {
+            (Some(pending), _) => Some(Deferred::Native {
+                pending,
+                hashes: self.sha_cache.clone(),
+            }),
+            (None, Some(entries)) => Some(Deferred::Canonical {
+                entries,
+                plan: self.canonical_plan(),
+            }),
+            (None, None) => None,
+        };
+        // Even the small meta file is written after the barrier: file creation can wait
+        // on the disk behind the previous checkpoint's upload.
+        let rest = DeferredSnapshot {
             dir: dir.to_path_buf(),
-            pending,
-            hashes: self.sha_cache.clone(),
-        });
-        match rest {
-            Some(rest) if !defer => {
-                rest.complete(&mut result)?;
-                Ok((result, None))
-            }
-            rest => Ok((result, rest)),
+            keyed,
+            meta,
+            sync: !defer,
+        };
+        if defer {
+            Ok((result, Some(rest)))
+        } else {
+            rest.complete(&mut result)?;
+            Ok((result, None))
         }
     }
 }
 
 /// What a checkpoint's snapshot leaves for after the barrier: the backend's files (a
 /// RocksDB checkpoint, linked once the barrier's memtables are flushed) and the hashes of
-/// those not seen before. Dropping it abandons the snapshot once the backend's part has
-/// ended (one memtable flush), so its directory can be removed.
+/// those not seen before, or the canonical file of a frozen copy of the entries (the
+/// `hashmap` backend), and the meta file. Dropping it abandons the snapshot once the
+/// backend's part has ended (one memtable flush), so its directory can be removed.
 pub struct DeferredSnapshot {
     dir: PathBuf,
-    pending: Box<dyn crate::backend::PendingSnapshot>,
-    hashes: FileHashes,
+    keyed: Option<Deferred>,
+    meta: MetaFile,
+    /// Sync what is written here (not for staging, which the uploader copies and syncs).
+    sync: bool,
+}
+
+enum Deferred {
+    Native {
+        pending: Box<dyn crate::backend::PendingSnapshot>,
+        hashes: FileHashes,
+    },
+    Canonical {
+        entries: Box<dyn FrozenEntries>,
+        plan: CanonicalPlan,
+    },
 }
 
 impl DeferredSnapshot {
-    /// Waits for the backend's files and puts them, hashed, at the front of
-    /// `result.files`. Hashes of SSTs seen before come from the store's cache; the others
-    /// are read here, so this belongs off the job thread.
+    /// Writes or waits for the keyed files and puts them, hashed, at the front of
+    /// `result.files`, and the meta file at the end. Hashes of SSTs seen before come from
+    /// the store's cache; the others are read here, so this belongs off the job thread.
     pub fn complete(self, result: &mut SnapshotResult) -> Result<()> {
-        let mut native = Vec::new();
-        for rel in self.pending.finish()? {
-            let name = rel.to_string_lossy().replace('\\', "/");
-            let full = self.dir.join(&rel);
-            native.push(match self.hashes.cached(&name, &full)? {
-                Some(f) => f,
-                None => self.hashes.hash(name, &full)?,
-            });
+        let mut keyed = Vec::new();
+        match self.keyed {
+            None => {}
+            Some(Deferred::Native { pending, hashes }) => {
+                for rel in pending.finish()? {
+                    let name = rel.to_string_lossy().replace('\\', "/");
+                    let full = self.dir.join(&rel);
+                    keyed.push(match hashes.cached(&name, &full)? {
+                        Some(f) => f,
+                        None => hashes.hash(name, &full)?,
+                    });
+                }
+            }
+            Some(Deferred::Canonical { entries, plan }) => {
+                let mut f = plan.write(
+                    &self.dir.join(KEYED_FILE),
+                    self.sync,
+                    &mut |start, end, f| entries.scan(start, end, f),
+                )?;
+                f.path = KEYED_FILE.into();
+                keyed.push(f);
+            }
         }
-        result.files.splice(0..0, native);
+        result.files.splice(0..0, keyed);
+        let meta_path = self.dir.join(META_FILE);
+        let mut mf = write_hashed(&meta_path, self.sync, |w| {
+            serde_json::to_writer_pretty(&mut *w, &self.meta)
+                .map_err(|e| StateError::Invalid(e.to_string()))
+        })?;
+        mf.path = META_FILE.into();
+        result.files.push(mf);
         Ok(())
     }
 }

@@ -117,3 +117,26 @@ on_every_backend!(
     writes_that_fill_the_memtable_while_a_snapshot_completes_stay_out_of_it,
     a_dropped_deferred_snapshot_does_not_block_the_next_barrier,
 );
+
+#[test]
+fn a_hashmap_checkpoint_writes_its_keyed_file_on_another_thread_from_the_barriers_copy() {
+    let env = Env::new();
+    let store = env.single(BackendKind::Hashmap, "live");
+    write_all(&store, 0..KEYS, b"before");
+    let dir = env.path("chk-1");
+    let (mut result, rest) = store.snapshot_deferred(1, &dir).unwrap();
+    let rest = rest.expect("the heap backend leaves its keyed file for after the barrier");
+    assert!(
+        !dir.join("keyed.bin").exists() && !dir.join("state-meta.json").exists(),
+        "no file is written at the barrier"
+    );
+    let writer = std::thread::spawn(move || rest.complete(&mut result).map(|()| result));
+    write_all(&store, 0..2 * KEYS, b"after");
+    let result = writer.join().expect("writer thread").unwrap();
+    let files: Vec<&str> = result.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(files, ["keyed.bin", "state-meta.json"]);
+    assert_eq!(
+        restored(&env, BackendKind::Hashmap, &[(dir, result)], b"before"),
+        (KEYS, KEYS)
+    );
+}

@@ -2,21 +2,63 @@
 //! layout as RocksDB (an ordered map of bytes) so key-group range scans,
 //! snapshots and TTL work identically; the cost is a (cheap, postcard)
 //! serialization per access instead of Flink's live objects.
+//!
+//! The map is persistent ([`imbl::OrdMap`]): a copy shares every node with the
+//! original and a write copies only the path it changes. A checkpoint freezes the
+//! entries in O(1) at the barrier and writes them on the uploader's thread, so the job
+//! thread never waits for a full snapshot (Flink's copy-on-write heap snapshots).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{BackendKind, KvBackend, PendingSnapshot};
+use imbl::OrdMap;
+
+use super::{BackendKind, FrozenEntries, KvBackend, PendingSnapshot};
 use crate::error::Result;
+
+type Map = OrdMap<Vec<u8>, Vec<u8>>;
 
 #[derive(Default)]
 pub struct HeapBackend {
-    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    map: Map,
 }
 
 impl HeapBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+fn scan_map(
+    map: &Map,
+    start: &[u8],
+    end: &[u8],
+    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+) -> Result<()> {
+    if start >= end {
+        return Ok(());
+    }
+    for (k, v) in map.range::<_, [u8]>((
+        std::ops::Bound::Included(start),
+        std::ops::Bound::Excluded(end),
+    )) {
+        if !f(k, v) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A frozen copy of the map (shares its nodes until either side writes).
+struct Frozen(Map);
+
+impl FrozenEntries for Frozen {
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        scan_map(&self.0, start, end, f)
     }
 }
 
@@ -37,7 +79,8 @@ impl KvBackend for HeapBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        // Overwrite in place so an update of an existing key allocates nothing.
+        // Overwrite in place so an update of an existing key allocates nothing
+        // (unless a frozen copy still shares its node).
         if let Some(v) = self.map.get_mut(key) {
             v.clear();
             v.extend_from_slice(value);
@@ -67,18 +110,7 @@ impl KvBackend for HeapBackend {
         end: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        if start >= end {
-            return Ok(());
-        }
-        for (k, v) in self.map.range::<[u8], _>((
-            std::ops::Bound::Included(start),
-            std::ops::Bound::Excluded(end),
-        )) {
-            if !f(k, v) {
-                break;
-            }
-        }
-        Ok(())
+        scan_map(&self.map, start, end, f)
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -91,6 +123,10 @@ impl KvBackend for HeapBackend {
 
     fn native_snapshot(&mut self, _dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
         Ok(None)
+    }
+
+    fn freeze(&mut self) -> Option<Box<dyn FrozenEntries>> {
+        Some(Box::new(Frozen(self.map.clone())))
     }
 
     fn approximate_len(&mut self) -> Result<u64> {

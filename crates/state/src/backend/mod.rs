@@ -68,6 +68,15 @@ pub trait PendingSnapshot: Send {
     fn finish(self: Box<Self>) -> Result<Vec<PathBuf>>;
 }
 
+/// An immutable copy of a backend's entries, taken in O(1) at the barrier and scanned on
+/// another thread while the backend goes on changing: Flink's copy-on-write snapshots of
+/// its heap backend.
+pub trait FrozenEntries: Send {
+    /// Visits `[start, end)` in key order until `f` returns false.
+    fn scan(&self, start: &[u8], end: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool)
+    -> Result<()>;
+}
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
@@ -112,6 +121,11 @@ pub trait KvBackend: Send {
     /// when the returned part finishes. Writes made after this call are not in
     /// it. `None` means "no native format, write the full canonical format".
     fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>>;
+    /// The entries as they are now, frozen, if the backend can copy them in O(1) (so
+    /// that its full snapshot can be written off the job thread); `None` otherwise.
+    fn freeze(&mut self) -> Option<Box<dyn FrozenEntries>> {
+        None
+    }
     fn approximate_len(&mut self) -> Result<u64>;
     /// Approximate bytes of live state (for metrics).
     fn approximate_size_bytes(&mut self) -> Result<u64> {
