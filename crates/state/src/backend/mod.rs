@@ -15,7 +15,7 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
-    /// State on the heap, full snapshots.
+    /// State on the heap, full snapshots written from a copy-on-write copy.
     Hashmap,
     /// State in RocksDB on local disk, incremental snapshots.
     Rocksdb,
