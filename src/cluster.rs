@@ -45,7 +45,8 @@ pub enum ClusterError {
         "with job.instances > 1, every input topic must feed the key groups partition by partition: the state's \
          {key_groups} need {needed} partitions per topic, and topic `{topic}` has {partitions}. At the first start, \
          set state.max_parallelism to a multiple of the partition count; for existing state, rekey a savepoint \
-         (streamstate surgery rekey --aligned-partitions {partitions}), repartition the input (job.repartition), \
+         (streamstate checkpoints surgery <savepoint> --savepoint-dir <dir> rekey --max-parallelism <multiple of \
+         {partitions}> --aligned-partitions {partitions}) and start from it, repartition the input (job.repartition), \
          or run one instance"
     )]
     PartitionsMismatch {

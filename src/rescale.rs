@@ -5,8 +5,9 @@
 //! (`streamstate savepoint-set`), start M instances with `--from-savepoint-set <name>`.
 //! A set is written once, atomically, and only when all N parts are present, come from
 //! one N-instance deployment (instance `i` of N, key groups as [`KeyGroups`] splits
-//! them among N) and share one numbering of keys into key groups. Each new instance restores the keyed state of its
-//! new key-group range from the parts that overlap it, and the state layer redistributes
+//! them among N) and share one numbering of keys into key groups. Each new instance
+//! restores the keyed state of its new key-group range from the parts that overlap it,
+//! and the state layer redistributes
 //! operator state: broadcast state is copied, and the source offsets, union list state,
 //! reach every new instance, which reads the partitions it owns from them.
 

@@ -72,8 +72,9 @@ pub enum JobError {
     },
     #[error(
         "{what} numbers keys as {found}, but job.instances > 1 with this input needs {expected}: instances own \
-         input partitions, and the key groups must follow them. Rekey a savepoint offline (streamstate surgery \
-         rekey --max-parallelism {max} --aligned-partitions <input partitions>), or run one instance",
+         input partitions, and the key groups must follow them. Rekey a savepoint offline (streamstate checkpoints \
+         surgery <savepoint> --savepoint-dir <dir> rekey --max-parallelism {max} --aligned-partitions <input \
+         partitions>) and start from it, or run one instance",
         max = found.max_parallelism()
     )]
     KeyGroups {

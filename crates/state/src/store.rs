@@ -209,7 +209,7 @@ impl StateStore {
         let key_groups = config.key_groups()?;
         if !key_groups.fits_instances(config.instance_count) {
             return Err(StateError::Invalid(format!(
-                "{} instances exceed the {key_groups}: an instance would own no partition",
+                "{} instances exceed the {key_groups}: an instance would own none of them",
                 config.instance_count
             )));
         }
