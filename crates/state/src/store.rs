@@ -28,7 +28,7 @@ use crate::operator::{
     SharedOperatorStates,
 };
 use crate::schema::{MigrateFn, SchemaChange, SchemaMeta};
-use crate::timers::{TimeDomain, Timer, TimerAt, TimerIndex};
+use crate::timers::{TimeDomain, Timer, TimerAt, TimerChange, TimerIndex};
 use crate::ttl::{self, Expiry, OnRead, TS_LEN, TtlConfig, TtlRegistry, read_ts};
 
 /// How to open a store.
@@ -461,21 +461,14 @@ impl StateStore {
     /// Registers a timer for the current key and namespace. Registering the
     /// same (time, key, namespace) twice leaves one timer.
     pub fn register_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
-        let mut g = self.lock();
-        let g = &mut *g;
-        if !g.has_key {
-            return Err(StateError::NoCurrentKey);
-        }
-        let at = TimerAt {
-            buf: &mut g.kbuf,
-            key_group: g.kg,
-            key: &g.key,
-            namespace: &g.ns,
-        };
-        g.timers.register(&mut g.backend, at, domain, timestamp)
+        self.change_timer(domain, timestamp, TimerChange::Register)
     }
 
     pub fn delete_timer(&self, domain: TimeDomain, timestamp: u64) -> Result<()> {
+        self.change_timer(domain, timestamp, TimerChange::Delete)
+    }
+
+    fn change_timer(&self, domain: TimeDomain, timestamp: u64, change: TimerChange) -> Result<()> {
         let mut g = self.lock();
         let g = &mut *g;
         if !g.has_key {
@@ -487,7 +480,8 @@ impl StateStore {
             key: &g.key,
             namespace: &g.ns,
         };
-        g.timers.delete(&mut g.backend, at, domain, timestamp)
+        g.timers
+            .change(&mut g.backend, at, domain, timestamp, change)
     }
 
     pub fn register_event_time_timer(&self, timestamp: u64) -> Result<()> {

@@ -76,13 +76,15 @@ impl TimerIndex {
         Ok(index)
     }
 
-    /// Stores and indexes a timer; registering the same one twice leaves one.
-    pub(crate) fn register(
+    /// Stores and indexes a timer (registering the same one twice leaves one), or
+    /// removes it from both.
+    pub(crate) fn change(
         &mut self,
         backend: &mut dyn KvBackend,
         at: TimerAt<'_>,
         domain: TimeDomain,
         timestamp: u64,
+        change: TimerChange,
     ) -> Result<()> {
         layout::encode_timer(
             at.buf,
@@ -92,30 +94,17 @@ impl TimerIndex {
             at.key,
             at.namespace,
         );
-        backend.put(at.buf, &[])?;
-        self.set(domain)
-            .insert((timestamp, at.key.to_vec(), at.namespace.to_vec()));
-        Ok(())
-    }
-
-    pub(crate) fn delete(
-        &mut self,
-        backend: &mut dyn KvBackend,
-        at: TimerAt<'_>,
-        domain: TimeDomain,
-        timestamp: u64,
-    ) -> Result<()> {
-        layout::encode_timer(
-            at.buf,
-            at.key_group,
-            domain.id(),
-            timestamp,
-            at.key,
-            at.namespace,
-        );
-        backend.delete(at.buf)?;
-        self.set(domain)
-            .remove(&(timestamp, at.key.to_vec(), at.namespace.to_vec()));
+        let entry = (timestamp, at.key.to_vec(), at.namespace.to_vec());
+        match change {
+            TimerChange::Register => {
+                backend.put(at.buf, &[])?;
+                self.set(domain).insert(entry);
+            }
+            TimerChange::Delete => {
+                backend.delete(at.buf)?;
+                self.set(domain).remove(&entry);
+            }
+        }
         Ok(())
     }
 
@@ -158,6 +147,13 @@ impl TimerIndex {
     pub(crate) fn count(&mut self, domain: TimeDomain) -> usize {
         self.set(domain).len()
     }
+}
+
+/// What [`TimerIndex::change`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimerChange {
+    Register,
+    Delete,
 }
 
 /// Where a timer of the current key lives: its key group, key and namespace, and a
