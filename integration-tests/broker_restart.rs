@@ -62,14 +62,17 @@ fn broker_restart(storage: Storage, bounce: Bounce) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let job = Job::new("broker-restart", 4);
-    let env = configure(&job, storage, "300ms");
+    let mut env = configure(&job, storage, "300ms");
+    env.push(("RUST_LOG".into(), "info,librdkafka=debug".into()));
     // The defaults' proportions (commit waits up to 40 s, transactions live 60 s): a broker
     // restart plus its transaction-coordinator load can take well over 15 s on 2 busy cores.
     let config = std::fs::read_to_string(job.config_path()).expect("config");
+    // librdkafka's group requests in the log (`cgrp`): a start that cannot read the
+    // committed offsets after a bounce shows what the coordinator answered.
     let config = config
         .replace(
             "transaction_timeout = \"30s\"",
-            "transaction_timeout = \"60s\"",
+            "transaction_timeout = \"60s\"\n\n[kafka.consumer_properties]\ndebug = \"cgrp\"",
         )
         .replace(
             "timeout = \"15s\"",
@@ -252,6 +255,12 @@ fn restart_if_ended(
         .find(|l| l.contains("error"))
         .unwrap_or("");
     eprintln!("{when}: restarting after {status}: {why}");
+    // Printed only if the test fails: what this incarnation last did and was told.
+    let lines: Vec<&str> = log.lines().collect();
+    eprintln!(
+        "  its last log lines:\n{}",
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    );
     std::thread::sleep(Duration::from_secs(1));
     *service = spawn(job, env, &[]);
     true

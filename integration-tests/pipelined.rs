@@ -262,8 +262,10 @@ fn a_smaller_pool_after_a_restart_fences_the_producers_it_no_longer_uses() {
         "transaction_timeout = \"300s\"",
     );
     std::fs::write(job.config_path(), config).expect("write config");
-    // Input keeps arriving, so every epoch has records (an idle one is skipped).
-    let evs = events(4_000, 5, 24);
+    // Input keeps arriving, so every epoch has records (an idle one is skipped): 8 s of
+    // it, as a start on busy CI cores (fencing 16 ids) took long enough for 4 s of input
+    // to be read as one backlog, leaving too few epochs to fill the pool.
+    let evs = events(8_000, 5, 24);
     let input = job.input.clone();
     let feeder = std::thread::spawn(move || produce_all(&input, &evs, Some(1_000)));
     let mut wide = spawn(
@@ -300,5 +302,5 @@ fn a_smaller_pool_after_a_restart_fences_the_producers_it_no_longer_uses() {
     }
     narrow.sigkill();
     let (outputs, dead) = check_exactly_once(&job);
-    assert_eq!(outputs + dead, 4_000);
+    assert_eq!(outputs + dead, 8_000);
 }

@@ -1,6 +1,7 @@
 //! The committer thread: one epoch at a time, in the order they were sealed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
 
@@ -14,10 +15,17 @@ pub(super) fn run<S: Slot>(
     housekeeping: Housekeeping,
     work: Receiver<Work<S>>,
     outcomes: Sender<Outcome>,
+    written: &AtomicU64,
 ) {
     // The generation that failed: its later epochs are aborted, never committed.
     let mut failed: Option<u64> = None;
     for mut w in work {
+        // Counts this epoch's full snapshot as written once it is, or as soon as it
+        // never will be (a failure, an abort).
+        let mut snapshot = Written {
+            count: written,
+            done: !w.full_snapshot(),
+        };
         let outcome = if failed == Some(w.generation) {
             remove_staging(&w);
             match w.slot.abort() {
@@ -25,7 +33,7 @@ pub(super) fn run<S: Slot>(
                 Err(e) => Outcome::Fatal(CommitError::Sink(e)),
             }
         } else {
-            match commit(storage.as_ref(), &housekeeping, &mut w) {
+            match commit(storage.as_ref(), &housekeeping, &mut w, &mut snapshot) {
                 Ok(c) => Outcome::Committed(c),
                 Err(cause) => {
                     remove_staging(&w);
@@ -43,9 +51,25 @@ pub(super) fn run<S: Slot>(
                 }
             }
         };
+        snapshot.mark();
         let fatal = matches!(outcome, Outcome::Fatal(_));
         if outcomes.send(outcome).is_err() || fatal {
             return;
+        }
+    }
+}
+
+/// One epoch's part of [`super::Epochs::writing_full_snapshot`]'s count.
+struct Written<'a> {
+    count: &'a AtomicU64,
+    done: bool,
+}
+
+impl Written<'_> {
+    fn mark(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.count.fetch_add(1, Ordering::Release);
         }
     }
 }
@@ -56,12 +80,15 @@ fn commit<S: Slot>(
     storage: &dyn CheckpointStorage,
     housekeeping: &Housekeeping,
     w: &mut Work<S>,
+    snapshot: &mut Written<'_>,
 ) -> Result<Committed, CommitError> {
     let started = Instant::now();
     let sealed = &mut w.sealed;
     if let Some(rest) = sealed.rest.take() {
         rest.complete(&mut sealed.manifest.state)?;
     }
+    // Written: the next barrier may freeze the state while this one uploads.
+    snapshot.mark();
     crate::crash_point!("during-upload");
     let written = storage.write(&sealed.manifest, &sealed.staging)?;
     remove_dir(&sealed.staging)?;

@@ -29,6 +29,7 @@ mod tests;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -152,6 +153,16 @@ struct Work<S> {
     sealed: Sealed,
 }
 
+impl<S> Work<S> {
+    /// Counted by [`Epochs::writing_full_snapshot`] (until the committer takes `rest`).
+    fn full_snapshot(&self) -> bool {
+        self.sealed
+            .rest
+            .as_ref()
+            .is_some_and(DeferredSnapshot::is_full)
+    }
+}
+
 enum Outcome {
     Committed(Committed),
     Failed {
@@ -180,6 +191,10 @@ pub struct Epochs<S: Slot> {
     /// `begin`s that had to wait for a free producer, and the time they waited.
     pool_waits: u64,
     pool_wait: Duration,
+    /// Epochs sealed so far with a full snapshot to write, and of those, how many the
+    /// committer has written (or given up on): see [`Epochs::writing_full_snapshot`].
+    full_sealed: u64,
+    written: Arc<AtomicU64>,
 }
 
 /// What the committer does after a commit besides reporting it.
@@ -199,9 +214,11 @@ impl<S: Slot> Epochs<S> {
     ) -> Self {
         let (work_tx, work_rx) = mpsc::channel();
         let (out_tx, out_rx) = mpsc::channel();
+        let written = Arc::new(AtomicU64::new(0));
+        let counter = written.clone();
         let committer = std::thread::Builder::new()
             .name("checkpoint-committer".into())
-            .spawn(move || committer::run(storage, housekeeping, work_rx, out_tx))
+            .spawn(move || committer::run(storage, housekeeping, work_rx, out_tx, &counter))
             .ok();
         Self {
             free: (0..slots.len()).collect(),
@@ -216,7 +233,19 @@ impl<S: Slot> Epochs<S> {
             committer,
             pool_waits: 0,
             pool_wait: Duration::ZERO,
+            full_sealed: 0,
+            written,
         }
+    }
+
+    /// A full snapshot (the `hashmap` backend's) sealed earlier is not written yet. A
+    /// periodic barrier waits for it, as Flink triggers no checkpoint while one is in
+    /// progress: each barrier taken meanwhile would queue one more O(state) write behind
+    /// it, and the committer writing them back to back took the CPU from processing.
+    /// RocksDB's snapshots (links, then new SSTs) never count: their epochs stay pipelined
+    /// up to the producer pool.
+    pub fn writing_full_snapshot(&self) -> bool {
+        self.written.load(Ordering::Acquire) < self.full_sealed
     }
 
     pub fn last_committed(&self) -> Option<&CheckpointRef> {
@@ -275,6 +304,7 @@ impl<S: Slot> Epochs<S> {
             sealed,
         };
         self.in_flight.push_back((checkpoint, slot));
+        self.full_sealed += u64::from(work.full_snapshot());
         let sender = self.work.as_ref().ok_or(EpochError::CommitterGone)?;
         if sender.send(work).is_err() {
             // The committer ends after a fatal outcome (a fenced producer), which it

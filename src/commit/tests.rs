@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -114,6 +114,8 @@ struct FakeStorage {
     fail_write: Mutex<HashSet<u64>>,
     /// While set, a write announces itself on `.0` and waits for a message on `.1`.
     gate: Mutex<Option<(mpsc::Sender<u64>, mpsc::Receiver<()>)>>,
+    /// The state files each written checkpoint listed.
+    written_files: Mutex<BTreeMap<u64, Vec<String>>>,
 }
 
 impl CheckpointStorage for FakeStorage {
@@ -135,6 +137,15 @@ impl CheckpointStorage for FakeStorage {
             });
         }
         self.published.lock().expect("published").insert(id);
+        self.written_files.lock().expect("files").insert(
+            id,
+            manifest
+                .state
+                .files
+                .iter()
+                .map(|f| f.path.clone())
+                .collect(),
+        );
         self.log.push(format!("write {id}"));
         Ok(WriteStats::default())
     }
@@ -249,6 +260,27 @@ impl Rig {
             offsets,
             barrier_at: Instant::now(),
         }
+    }
+
+    /// One epoch from begin to seal whose state is a `hashmap` store's: its full snapshot
+    /// is left for the committer to write.
+    fn full_epoch(&mut self, id: u64) {
+        use streamstate_state::{BackendKind, StateStore, StoreConfig};
+        self.epochs.begin(chk(id)).expect("begin");
+        let mut sealed = self.sealed(id);
+        let work = self.dir.path().join(format!("store-{id}"));
+        let store =
+            StateStore::open(StoreConfig::new(BackendKind::Hashmap, &work, 4)).expect("store");
+        let (state, rest) = store
+            .snapshot_deferred(id, &sealed.staging)
+            .expect("snapshot");
+        assert!(
+            rest.as_ref().is_some_and(|r| r.is_full()),
+            "a full snapshot"
+        );
+        sealed.manifest.state = state;
+        sealed.rest = rest;
+        self.epochs.seal(sealed).expect("seal");
     }
 
     /// One epoch from begin to seal.
@@ -370,13 +402,61 @@ fn a_full_pool_makes_begin_wait_for_a_commit() {
     assert_eq!(r.epochs.pool_waits().0, 1);
 }
 
+/// The next periodic barrier waits for an earlier full (hashmap) snapshot to be written,
+/// never for an upload or commit, and never for a RocksDB-like epoch.
+#[test]
+fn a_full_snapshot_is_being_written_until_the_committer_wrote_it_not_until_its_upload() {
+    let mut r = rig(4);
+    let (started_tx, started) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    *r.storage.gate.lock().expect("gate") = Some((started_tx, release_rx));
+    let upload = |started: &mpsc::Receiver<u64>| started.recv_timeout(Duration::from_secs(30));
+    assert!(!r.epochs.writing_full_snapshot(), "nothing sealed yet");
+    r.full_epoch(1);
+    assert_eq!(upload(&started), Ok(1), "epoch 1's upload began");
+    assert!(
+        !r.epochs.writing_full_snapshot(),
+        "epoch 1's snapshot is written; only its upload is waiting"
+    );
+    r.epoch(2);
+    assert!(
+        !r.epochs.writing_full_snapshot(),
+        "an epoch without a full snapshot (RocksDB's links) never holds the barrier"
+    );
+    r.full_epoch(3);
+    assert!(
+        r.epochs.writing_full_snapshot(),
+        "epoch 3's full snapshot waits behind epoch 1's upload"
+    );
+    for id in [1, 2] {
+        release.send(()).expect("release");
+        assert_eq!(upload(&started), Ok(id + 1));
+    }
+    assert!(
+        !r.epochs.writing_full_snapshot(),
+        "epoch 3's snapshot is written"
+    );
+    release.send(()).expect("release 3");
+    r.epochs.drain().expect("drain");
+    r.before("commit 2", "commit 3");
+    assert!(
+        r.storage
+            .written_files
+            .lock()
+            .expect("files")
+            .get(&3)
+            .is_some_and(|f| f.iter().any(|p| p == "keyed.bin")),
+        "the committer wrote the full snapshot before the upload"
+    );
+}
+
 #[test]
 fn a_failed_upload_aborts_that_epoch_and_every_later_one_then_a_new_generation_commits() {
     let mut r = rig(4);
     r.storage.fail_write.lock().expect("fail").insert(2);
     r.epoch(1);
-    r.epoch(2);
-    r.epoch(3);
+    r.full_epoch(2);
+    r.full_epoch(3);
     r.epochs.begin(chk(4)).expect("begin 4");
     let err = r.epochs.drain().expect_err("epoch 2 fails");
     assert!(err.is_rewindable(), "{err}");
@@ -395,6 +475,10 @@ fn a_failed_upload_aborts_that_epoch_and_every_later_one_then_a_new_generation_c
         "the rewind target"
     );
     assert_eq!((r.epochs.in_flight(), r.epochs.open().is_none()), (0, true));
+    assert!(
+        !r.epochs.writing_full_snapshot(),
+        "a failed or aborted epoch never holds the next barrier back"
+    );
     r.epoch(5);
     r.epochs.drain().expect("the next generation commits");
     r.log.position("commit 5");

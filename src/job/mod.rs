@@ -231,7 +231,10 @@ impl Job {
                 return self.shut_down();
             }
             let now = Instant::now();
-            if now >= due
+            // A due barrier waits while a full snapshot is still being written
+            // (`Epochs::writing_full_snapshot`); one asked for (admin, savepoint) does not.
+            let postponed = now >= due && self.epochs.writing_full_snapshot();
+            if (now >= due && !postponed)
                 || self
                     .control
                     .checkpoint_requested
@@ -252,12 +255,16 @@ impl Job {
             }
             // Records held behind the previous epoch's producer go out soon after it
             // delivered, even when no input arrives.
-            let poll_at_most = if self.pipeline.sink.held() > 0 {
+            let poll_at_most = if self.pipeline.sink.held() > 0 || postponed {
                 Duration::from_millis(2)
             } else {
                 Duration::from_millis(100)
             };
-            let wait = (due - now).min(poll_at_most);
+            let wait = if postponed {
+                poll_at_most
+            } else {
+                due.saturating_duration_since(now).min(poll_at_most)
+            };
             let handled = match self.source.consumer().poll(wait) {
                 None => self.pipeline.fire_timers(),
                 Some(Ok(msg)) => {

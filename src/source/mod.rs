@@ -32,6 +32,25 @@ pub enum SourceError {
     MissingTopic { key: &'static str, topic: String },
     #[error("kafka consumer: {0}")]
     Kafka(#[from] KafkaError),
+    /// Says which request: a start that fails here and one that fails listing watermarks
+    /// have different causes (a coordinator, a partition leader).
+    #[error(
+        "the committed offsets of group `{group}` could not be read: {source} (transient broker answers are retried for kafka.connect_timeout, {timeout:?})"
+    )]
+    CommittedOffsets {
+        group: String,
+        timeout: Duration,
+        source: KafkaError,
+    },
+    #[error(
+        "the offsets of `{topic}` [{partition}] could not be read: {source} (transient broker answers are retried for kafka.connect_timeout, {timeout:?})"
+    )]
+    Watermarks {
+        topic: String,
+        partition: i32,
+        timeout: Duration,
+        source: KafkaError,
+    },
     #[error(
         "committed offsets of group `{group}` name different checkpoints ({ids:?}); refusing to guess which state is true"
     )]
@@ -152,7 +171,12 @@ impl Source {
         for (t, p) in parts {
             tpl.add_partition(t, *p);
         }
-        Ok(self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))?)
+        self.retrying(|remaining| self.consumer.committed_offsets(tpl.clone(), remaining))
+            .map_err(|source| SourceError::CommittedOffsets {
+                group: self.group.clone(),
+                timeout: self.timeout,
+                source,
+            })
     }
 
     /// The group's committed offsets of `parts`, whatever checkpoint their metadata names
@@ -262,7 +286,7 @@ impl Source {
     /// Low and high watermark of one partition. librdkafka answers "unknown partition"
     /// from its metadata cache while that lacks the partition (seen for seconds after a
     /// broker restart), so such an answer refreshes the topic's metadata before the retry.
-    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), SourceError> {
         self.retrying(|remaining| {
             let got = self.consumer.fetch_watermarks(topic, partition, remaining);
             if let Err(e) = &got
@@ -272,6 +296,12 @@ impl Source {
                 let _ = self.consumer.fetch_metadata(Some(topic), remaining);
             }
             got
+        })
+        .map_err(|source| SourceError::Watermarks {
+            topic: topic.to_string(),
+            partition,
+            timeout: self.timeout,
+            source,
         })
     }
 

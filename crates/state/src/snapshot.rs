@@ -444,6 +444,12 @@ enum Deferred {
 }
 
 impl DeferredSnapshot {
+    /// Writes every entry (the `hashmap` backend's frozen copy), rather than waiting for a
+    /// RocksDB checkpoint's links: O(state) work, which the caller may not want queued.
+    pub fn is_full(&self) -> bool {
+        matches!(self.keyed, Some(Deferred::Canonical { .. }))
+    }
+
     /// Writes or waits for the keyed files and puts them, hashed, at the front of
     /// `result.files`, and the meta file at the end. Hashes of SSTs seen before come from
     /// the store's cache; the others are read here, so this belongs off the job thread.
