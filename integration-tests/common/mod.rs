@@ -401,11 +401,26 @@ pub struct Job {
     pub job_extra: String,
 }
 
+/// A job's directory (config, service log, local state, file checkpoints). With
+/// `STREAMSTATE_TEST_KEEP` set it outlives the test and its path is printed: the
+/// post-mortem of a failed run needs the log of every incarnation and the checkpoints.
+fn job_dir(app_id: &str) -> tempfile::TempDir {
+    let keep = std::env::var_os("STREAMSTATE_TEST_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .disable_cleanup(keep)
+        .tempdir()
+        .expect("tempdir");
+    if keep {
+        eprintln!("{app_id}: kept in {}", dir.path().display());
+    }
+    dir
+}
+
 impl Job {
     pub fn new(name: &str, partitions: i32) -> Self {
         let app_id = unique(name);
         let job = Self {
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir: job_dir(&app_id),
             input: format!("{app_id}-in"),
             output: format!("{app_id}-out"),
             dlq: format!("{app_id}-dlq"),
