@@ -433,9 +433,9 @@ impl Producer {
     /// fails (exactly once) or reports it (at least once).
     ///
     /// Not rust-rdkafka's `flush`: it asks librdkafka without waiting, then polls the
-    /// event queue for up to 100 ms against the producer's own polling thread, which
-    /// usually takes the last delivery report first, so a flush that had anything left
-    /// to wait for ended up to 100 ms after the delivery (the commit phase's p99 tail).
+    /// event queue for up to 100 ms against the producer's own polling thread; when that
+    /// thread takes the last delivery report, the flush sleeps out its poll, up to 100 ms
+    /// after the delivery.
     /// With delivery reports as events, served by that thread, `rd_kafka_flush` waits on
     /// the count of undelivered records itself, and lingers for no batch meanwhile.
     pub fn flush(&self) -> Result<(), SinkError> {
