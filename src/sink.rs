@@ -435,11 +435,12 @@ impl Producer {
     /// Not rust-rdkafka's `flush`: it asks librdkafka without waiting, then polls the
     /// event queue for up to 100 ms against the producer's own polling thread; when that
     /// thread takes the last delivery report, the flush sleeps out its poll, up to 100 ms
-    /// after the delivery.
-    /// With delivery reports as events, served by that thread, `rd_kafka_flush` waits on
-    /// the count of undelivered records itself, and lingers for no batch meanwhile.
+    /// after the delivery. With delivery reports as events, served by that thread,
+    /// `rd_kafka_flush` waits on the count of undelivered records itself, and lingers for
+    /// no batch meanwhile.
     pub fn flush(&self) -> Result<(), SinkError> {
-        let timeout_ms = i32::try_from(self.timeout.as_millis()).unwrap_or(i32::MAX);
+        let (setting, timeout) = self.bound();
+        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: the client pointer is valid while `self.producer` is borrowed, and
         // librdkafka's flush is thread-safe.
         let err = unsafe {
@@ -449,8 +450,8 @@ impl Producer {
             RDKafkaErrorCode::NoError => Ok(()),
             code => Err(SinkError::TimedOut {
                 what: "flush",
-                setting: "checkpoint.timeout",
-                timeout: self.timeout,
+                setting,
+                timeout,
                 last: Box::new(KafkaError::Flush(code)),
             }),
         }
