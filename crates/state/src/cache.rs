@@ -40,7 +40,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendKind, BatchOp, FrozenEntries, KvBackend, PendingSnapshot};
+use crate::backend::{
+    BackendKind, BatchOp, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject,
+};
 use crate::error::Result;
 
 /// The suggested capacity when the cache is turned on, 64 MiB: room for about half a million small entries
@@ -535,6 +537,39 @@ impl KvBackend for CachedBackend {
 
     fn approximate_size_bytes(&mut self) -> Result<u64> {
         self.inner.approximate_size_bytes()
+    }
+
+    /// Objects pass through only with the cache off: the cache holds bytes, so with it
+    /// on, handles serialize and the cache writes bytes back.
+    fn keeps_objects(&self) -> bool {
+        !self.enabled() && self.inner.keeps_objects()
+    }
+
+    fn lookup(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Lookup> {
+        if !self.enabled() {
+            return self.inner.lookup(key, out);
+        }
+        Ok(if self.get(key, out)? {
+            Lookup::Bytes
+        } else {
+            Lookup::Absent
+        })
+    }
+
+    fn object_mut(&mut self, key: &[u8]) -> Option<&mut SharedObject> {
+        if self.enabled() {
+            return None;
+        }
+        self.inner.object_mut(key)
+    }
+
+    fn put_object(&mut self, key: &[u8], object: SharedObject) -> Result<()> {
+        if !self.enabled() {
+            return self.inner.put_object(key, object);
+        }
+        let mut bytes = Vec::new();
+        object.encode(&mut bytes)?;
+        self.put(key, &bytes)
     }
 }
 

@@ -9,9 +9,11 @@ use serde_json::Value;
 
 use crate::error::{Result, StateError};
 
-/// Bound for stored types: serde both ways, owned.
-pub trait StateValue: Serialize + DeserializeOwned + Send + Sync + 'static {}
-impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {}
+/// Bound for stored types: serde both ways, owned, and `Clone`, because the `hashmap`
+/// backend keeps values as objects and a read hands out a copy (Flink's heap backend
+/// copies through its serializer for the same reason).
+pub trait StateValue: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {}
+impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> StateValue for T {}
 
 /// Appends `v`'s postcard bytes to `buf`; errors name `state`.
 pub(crate) fn ser_append<T: Serialize + ?Sized>(

@@ -144,15 +144,19 @@ impl<T: StateValue + Clone> ValueState<T> {
     pub fn value(&self) -> Result<Option<T>> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        match g.get_entry(&self.meta, false)? {
-            Some(off) => Ok(Some(de(&g.vbuf[off..], &self.meta.name)?)),
+        match g.get_value(&self.meta, false)? {
+            Some(v) => Ok(Some(v)),
             None => Ok(self.default.clone()),
         }
     }
     pub fn update(&self, value: &T) -> Result<()> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        g.put_entry(&self.meta, value)
+        if g.backend.keeps_objects() {
+            g.put_value(&self.meta, value.clone())
+        } else {
+            g.put_entry(&self.meta, value)
+        }
     }
     pub fn clear(&self) -> Result<()> {
         let mut g = self.store.lock();
@@ -239,20 +243,21 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
     pub fn get(&self, key: &K) -> Result<Option<V>> {
         let mut g = self.store.lock();
         self.entry_key(&mut g, key)?;
-        match g.get_entry(&self.meta, false)? {
-            Some(off) => Ok(Some(de(&g.vbuf[off..], &self.meta.name)?)),
-            None => Ok(None),
-        }
+        g.get_value(&self.meta, false)
     }
     pub fn contains(&self, key: &K) -> Result<bool> {
         let mut g = self.store.lock();
         self.entry_key(&mut g, key)?;
-        Ok(g.get_entry(&self.meta, false)?.is_some())
+        Ok(g.get_value::<V>(&self.meta, false)?.is_some())
     }
     pub fn put(&self, key: &K, value: &V) -> Result<()> {
         let mut g = self.store.lock();
         self.entry_key(&mut g, key)?;
-        g.put_entry(&self.meta, value)
+        if g.backend.keeps_objects() {
+            g.put_value(&self.meta, value.clone())
+        } else {
+            g.put_entry(&self.meta, value)
+        }
     }
     pub fn put_all<'a>(&self, entries: impl IntoIterator<Item = (&'a K, &'a V)>) -> Result<()>
     where
@@ -298,11 +303,8 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
             // Re-read through get_entry so TTL rules and cleanup apply per entry.
             g.kbuf.clear();
             g.kbuf.extend_from_slice(&k);
-            if let Some(off) = g.get_entry(&self.meta, false)? {
-                out.push((
-                    de(&k[prefix_len..], &self.meta.name)?,
-                    de(&g.vbuf[off..], &self.meta.name)?,
-                ));
+            if let Some(v) = g.get_value(&self.meta, false)? {
+                out.push((de(&k[prefix_len..], &self.meta.name)?, v));
             }
         }
         Ok(out)
@@ -335,19 +337,16 @@ impl<T: StateValue> ReducingState<T> {
     pub fn get(&self) -> Result<Option<T>> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        match g.get_entry(&self.meta, false)? {
-            Some(off) => Ok(Some(de(&g.vbuf[off..], &self.meta.name)?)),
-            None => Ok(None),
-        }
+        g.get_value(&self.meta, false)
     }
     pub fn add(&self, value: &T) -> Result<()> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        let next = match g.get_entry(&self.meta, true)? {
-            Some(off) => (self.reduce)(&de::<T>(&g.vbuf[off..], &self.meta.name)?, value),
-            None => return g.put_entry(&self.meta, value),
+        let next = match g.get_value::<T>(&self.meta, true)? {
+            Some(old) => (self.reduce)(&old, value),
+            None => value.clone(),
         };
-        g.put_entry(&self.meta, &next)
+        g.put_value(&self.meta, next)
     }
     pub fn clear(&self) -> Result<()> {
         let mut g = self.store.lock();
@@ -366,8 +365,7 @@ impl<T: StateValue> ReducingState<T> {
                 g.ns.clear();
                 g.ns.extend_from_slice(ns);
                 g.prefix(self.meta.id)?;
-                if let Some(off) = g.get_entry(&self.meta, true)? {
-                    let v: T = de(&g.vbuf[off..], &self.meta.name)?;
+                if let Some(v) = g.get_value::<T>(&self.meta, true)? {
                     acc = Some(match acc {
                         Some(a) => (self.reduce)(&a, &v),
                         None => v,
@@ -380,7 +378,7 @@ impl<T: StateValue> ReducingState<T> {
                 g.ns.clear();
                 g.ns.extend_from_slice(target);
                 g.prefix(self.meta.id)?;
-                g.put_entry(&self.meta, &a)?;
+                g.put_value(&self.meta, a)?;
             }
             Ok(())
         })();
@@ -414,23 +412,18 @@ where
     pub fn get(&self) -> Result<Option<F::Out>> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        match g.get_entry(&self.meta, false)? {
-            Some(off) => Ok(Some(
-                self.function
-                    .get_result(&de::<F::Acc>(&g.vbuf[off..], &self.meta.name)?),
-            )),
-            None => Ok(None),
-        }
+        Ok(g.get_value::<F::Acc>(&self.meta, false)?
+            .map(|acc| self.function.get_result(&acc)))
     }
     pub fn add(&self, value: F::In) -> Result<()> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        let acc = match g.get_entry(&self.meta, true)? {
-            Some(off) => de::<F::Acc>(&g.vbuf[off..], &self.meta.name)?,
+        let acc = match g.get_value::<F::Acc>(&self.meta, true)? {
+            Some(acc) => acc,
             None => self.function.create_accumulator(),
         };
         let acc = self.function.add(value, acc);
-        g.put_entry(&self.meta, &acc)
+        g.put_value(&self.meta, acc)
     }
     pub fn clear(&self) -> Result<()> {
         let mut g = self.store.lock();
@@ -449,8 +442,7 @@ where
                 g.ns.clear();
                 g.ns.extend_from_slice(ns);
                 g.prefix(self.meta.id)?;
-                if let Some(off) = g.get_entry(&self.meta, true)? {
-                    let v: F::Acc = de(&g.vbuf[off..], &self.meta.name)?;
+                if let Some(v) = g.get_value::<F::Acc>(&self.meta, true)? {
                     acc = Some(match acc {
                         Some(a) => self.function.merge(a, v),
                         None => v,
@@ -463,7 +455,7 @@ where
                 g.ns.clear();
                 g.ns.extend_from_slice(target);
                 g.prefix(self.meta.id)?;
-                g.put_entry(&self.meta, &a)?;
+                g.put_value(&self.meta, a)?;
             }
             Ok(())
         })();

@@ -10,6 +10,7 @@
 //! | [`descriptor`] | state descriptors: name, type, default, TTL |
 //! | [`kind`] | [`StateKind`]: value, list, map, reducing, aggregating |
 //! | [`keyed`] | typed keyed state: value, list, map, reducing, aggregating |
+//! | `kept` | values the `hashmap` backend keeps as objects, and the typed reads and writes of them |
 //! | [`ttl`] | TTL config, and every expiry decision: what a read sees, what cleanup drops |
 //! | [`inspect`] | one key's state as JSON (admin state lookup), decoders per state |
 //! | [`timers`] | event/processing-time timers per key and namespace |
@@ -97,6 +98,7 @@ pub mod descriptor;
 pub mod error;
 pub mod files;
 pub mod inspect;
+mod kept;
 pub mod keyed;
 pub mod keygroup;
 pub mod kind;

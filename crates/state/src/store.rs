@@ -665,6 +665,15 @@ impl Inner {
         if !self.backend.get(&self.kbuf, &mut self.vbuf)? {
             return Ok(None);
         }
+        self.entry_in_vbuf(meta, for_update)
+    }
+
+    /// [`Inner::get_entry`] for a value already read into `vbuf`.
+    pub(crate) fn entry_in_vbuf(
+        &mut self,
+        meta: &StateMeta,
+        for_update: bool,
+    ) -> Result<Option<usize>> {
         let Some(ttl) = &meta.ttl else {
             return Ok(Some(0));
         };

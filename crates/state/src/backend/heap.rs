@@ -1,21 +1,40 @@
-//! The `hashmap` backend: state on the heap. It keeps the same serialized
-//! layout as RocksDB (an ordered map of bytes) so key-group range scans,
-//! snapshots and TTL work identically; the cost is a (cheap, postcard)
-//! serialization per access instead of Flink's live objects.
+//! The `hashmap` backend: state on the heap, as Flink's heap backend keeps it. Values
+//! written through typed handles stay deserialized objects ([`super::StoredObject`]), so a
+//! read clones the value and a write moves it in, with no serialization on the job
+//! thread; an object is encoded only when bytes are asked for (scans, the state lookup,
+//! snapshots). Entries written as bytes (restore, lists, migrations) stay bytes until a
+//! handle writes them again. Keys keep the same serialized, ordered layout as RocksDB,
+//! so key-group range scans, snapshots and TTL work identically.
 //!
 //! The map is persistent ([`imbl::OrdMap`]): a copy shares every node with the
 //! original and a write copies only the path it changes. A checkpoint freezes the
 //! entries in O(1) at the barrier and writes them on the uploader's thread, so the job
-//! thread never waits for a full snapshot (Flink's copy-on-write heap snapshots).
+//! thread never waits for a full snapshot (Flink's copy-on-write heap snapshots); an
+//! object the frozen copy still holds is replaced, never changed in place.
 
 use std::path::Path;
 
 use imbl::OrdMap;
 
-use super::{BackendKind, FrozenEntries, KvBackend, PendingSnapshot};
+use super::{BackendKind, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject};
 use crate::error::Result;
 
-type Map = OrdMap<Vec<u8>, Vec<u8>>;
+#[derive(Clone)]
+enum Cell {
+    Bytes(Vec<u8>),
+    Object(SharedObject),
+}
+
+impl Cell {
+    fn approximate_bytes(&self) -> u64 {
+        match self {
+            Cell::Bytes(b) => b.len() as u64,
+            Cell::Object(o) => o.approximate_bytes() as u64,
+        }
+    }
+}
+
+type Map = OrdMap<Vec<u8>, Cell>;
 
 #[derive(Default)]
 pub struct HeapBackend {
@@ -29,6 +48,22 @@ impl HeapBackend {
     pub fn new() -> Self {
         Self::default()
     }
+
+    fn account_new(&mut self, key: &[u8], cell: &Cell) {
+        self.bytes += key.len() as u64 + cell.approximate_bytes();
+    }
+
+    /// Stores `cell` at `key`, keeping the byte count.
+    fn set(&mut self, key: &[u8], cell: Cell) {
+        let added = cell.approximate_bytes();
+        if let Some(old) = self.map.get_mut(key) {
+            self.bytes = self.bytes - old.approximate_bytes() + added;
+            *old = cell;
+        } else {
+            self.account_new(key, &cell);
+            self.map.insert(key.to_vec(), cell);
+        }
+    }
 }
 
 fn scan_map(
@@ -40,10 +75,19 @@ fn scan_map(
     if start >= end {
         return Ok(());
     }
-    for (k, v) in map.range::<_, [u8]>((
+    let mut encoded = Vec::new();
+    for (k, cell) in map.range::<_, [u8]>((
         std::ops::Bound::Included(start),
         std::ops::Bound::Excluded(end),
     )) {
+        let v = match cell {
+            Cell::Bytes(b) => b.as_slice(),
+            Cell::Object(o) => {
+                encoded.clear();
+                o.encode(&mut encoded)?;
+                encoded.as_slice()
+            }
+        };
         if !f(k, v) {
             break;
         }
@@ -72,9 +116,14 @@ impl KvBackend for HeapBackend {
 
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         match self.map.get(key) {
-            Some(v) => {
+            Some(Cell::Bytes(v)) => {
                 out.clear();
                 out.extend_from_slice(v);
+                Ok(true)
+            }
+            Some(Cell::Object(o)) => {
+                out.clear();
+                o.encode(out)?;
                 Ok(true)
             }
             None => Ok(false),
@@ -82,34 +131,39 @@ impl KvBackend for HeapBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        // Overwrite in place so an update of an existing key allocates nothing
+        // Overwrite bytes in place so an update of an existing key allocates nothing
         // (unless a frozen copy still shares its node).
-        if let Some(v) = self.map.get_mut(key) {
+        if let Some(Cell::Bytes(v)) = self.map.get_mut(key) {
             self.bytes = self.bytes - v.len() as u64 + value.len() as u64;
             v.clear();
             v.extend_from_slice(value);
-        } else {
-            self.bytes += (key.len() + value.len()) as u64;
-            self.map.insert(key.to_vec(), value.to_vec());
+            return Ok(());
         }
+        self.set(key, Cell::Bytes(value.to_vec()));
         Ok(())
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<()> {
-        if let Some(v) = self.map.remove(key) {
-            self.bytes -= (key.len() + v.len()) as u64;
+        if let Some(cell) = self.map.remove(key) {
+            self.bytes -= key.len() as u64 + cell.approximate_bytes();
         }
         Ok(())
     }
 
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()> {
-        if let Some(v) = self.map.get_mut(key) {
-            v.extend_from_slice(bytes);
-        } else {
-            self.bytes += key.len() as u64;
-            self.map.insert(key.to_vec(), bytes.to_vec());
+        match self.map.get_mut(key) {
+            Some(Cell::Bytes(v)) => {
+                v.extend_from_slice(bytes);
+                self.bytes += bytes.len() as u64;
+            }
+            Some(Cell::Object(o)) => {
+                let mut v = Vec::new();
+                o.encode(&mut v)?;
+                v.extend_from_slice(bytes);
+                self.set(key, Cell::Bytes(v));
+            }
+            None => self.set(key, Cell::Bytes(bytes.to_vec())),
         }
-        self.bytes += bytes.len() as u64;
         Ok(())
     }
 
@@ -144,6 +198,34 @@ impl KvBackend for HeapBackend {
 
     fn approximate_size_bytes(&mut self) -> Result<u64> {
         Ok(self.bytes)
+    }
+
+    fn keeps_objects(&self) -> bool {
+        true
+    }
+
+    fn lookup(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Lookup> {
+        Ok(match self.map.get(key) {
+            Some(Cell::Object(o)) => Lookup::Object(o.clone()),
+            Some(Cell::Bytes(v)) => {
+                out.clear();
+                out.extend_from_slice(v);
+                Lookup::Bytes
+            }
+            None => Lookup::Absent,
+        })
+    }
+
+    fn object_mut(&mut self, key: &[u8]) -> Option<&mut SharedObject> {
+        match self.map.get_mut(key) {
+            Some(Cell::Object(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn put_object(&mut self, key: &[u8], object: SharedObject) -> Result<()> {
+        self.set(key, Cell::Object(object));
+        Ok(())
     }
 }
 

@@ -5,7 +5,9 @@
 pub mod heap;
 pub mod rocks;
 
+use std::any::Any;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +17,8 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
-    /// State on the heap, full snapshots written from a copy-on-write copy.
+    /// State on the heap, values kept as objects, full snapshots written from a
+    /// copy-on-write copy.
     Hashmap,
     /// State in RocksDB on local disk, incremental snapshots.
     Rocksdb,
@@ -77,6 +80,29 @@ pub trait FrozenEntries: Send {
     -> Result<()>;
 }
 
+/// A value kept deserialized by a backend that holds objects (`hashmap`, as Flink's heap
+/// backend keeps live objects). The backend never looks inside: it asks for the stored
+/// bytes only when someone reads bytes (a scan, a snapshot, a savepoint), so everything
+/// that reads bytes sees exactly what a byte store would hold.
+pub trait StoredObject: Any + Send + Sync {
+    /// Appends the bytes this object stands for: what a byte store would hold.
+    fn encode(&self, out: &mut Vec<u8>) -> Result<()>;
+    /// Heap bytes it takes, roughly (the state-size gauge; not what it points to).
+    fn approximate_bytes(&self) -> usize;
+}
+
+/// A kept object; shared with frozen copies until either side replaces it.
+pub type SharedObject = Arc<dyn StoredObject>;
+
+/// What [`KvBackend::lookup`] found.
+pub enum Lookup {
+    Absent,
+    /// The stored bytes, copied into the caller's buffer.
+    Bytes,
+    /// A kept object (only from a backend whose [`KvBackend::keeps_objects`] is true).
+    Object(SharedObject),
+}
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
@@ -127,6 +153,29 @@ pub trait KvBackend: Send {
         None
     }
     fn approximate_len(&mut self) -> Result<u64>;
+    /// Whether the backend keeps objects: then typed handles hand it values with
+    /// [`KvBackend::put_object`] instead of serializing them on every write.
+    fn keeps_objects(&self) -> bool {
+        false
+    }
+    /// As [`KvBackend::get`], except that a kept object comes back as itself.
+    fn lookup(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Lookup> {
+        Ok(if self.get(key, out)? {
+            Lookup::Bytes
+        } else {
+            Lookup::Absent
+        })
+    }
+    /// The object kept at `key`, to change in place when nothing else shares it.
+    fn object_mut(&mut self, _key: &[u8]) -> Option<&mut SharedObject> {
+        None
+    }
+    /// Stores `object` at `key`; a backend that keeps only bytes stores its encoding.
+    fn put_object(&mut self, key: &[u8], object: SharedObject) -> Result<()> {
+        let mut bytes = Vec::new();
+        object.encode(&mut bytes)?;
+        self.put(key, &bytes)
+    }
     /// Approximate bytes of live state (for metrics).
     fn approximate_size_bytes(&mut self) -> Result<u64> {
         Ok(0)
