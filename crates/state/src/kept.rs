@@ -115,6 +115,16 @@ impl Inner {
         self.backend.put_object(&self.kbuf, Arc::new(kept))
     }
 
+    /// [`Inner::put_value`] from a borrowed value: serialized from the reference when
+    /// the backend keeps bytes, copied only when it keeps objects.
+    pub fn put_value_ref<T: StateValue>(&mut self, meta: &Arc<StateMeta>, value: &T) -> Result<()> {
+        if self.backend.keeps_objects() {
+            self.put_value(meta, value.clone())
+        } else {
+            self.put_entry(meta, value)
+        }
+    }
+
     fn decoded<T: StateValue>(
         &mut self,
         meta: &StateMeta,

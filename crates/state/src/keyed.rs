@@ -152,11 +152,7 @@ impl<T: StateValue + Clone> ValueState<T> {
     pub fn update(&self, value: &T) -> Result<()> {
         let mut g = self.store.lock();
         g.prefix(self.meta.id)?;
-        if g.backend.keeps_objects() {
-            g.put_value(&self.meta, value.clone())
-        } else {
-            g.put_entry(&self.meta, value)
-        }
+        g.put_value_ref(&self.meta, value)
     }
     pub fn clear(&self) -> Result<()> {
         let mut g = self.store.lock();
@@ -253,11 +249,7 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
     pub fn put(&self, key: &K, value: &V) -> Result<()> {
         let mut g = self.store.lock();
         self.entry_key(&mut g, key)?;
-        if g.backend.keeps_objects() {
-            g.put_value(&self.meta, value.clone())
-        } else {
-            g.put_entry(&self.meta, value)
-        }
+        g.put_value_ref(&self.meta, value)
     }
     pub fn put_all<'a>(&self, entries: impl IntoIterator<Item = (&'a K, &'a V)>) -> Result<()>
     where
