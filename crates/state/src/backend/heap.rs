@@ -15,6 +15,7 @@
 use std::path::Path;
 
 use imbl::OrdMap;
+use smallvec::SmallVec;
 
 use super::{BackendKind, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject};
 use crate::error::Result;
@@ -34,7 +35,12 @@ impl Cell {
     }
 }
 
-type Map = OrdMap<Vec<u8>, Cell>;
+/// A storage key, inline up to 48 bytes (a key-grouped state key with a short user key and
+/// namespace, or a map entry's): a write under a frozen copy copies whole leaves of the
+/// map, and inline keys make that one memcpy rather than an allocation per key.
+type Key = SmallVec<[u8; 48]>;
+
+type Map = OrdMap<Key, Cell>;
 
 #[derive(Default)]
 pub struct HeapBackend {
@@ -49,19 +55,12 @@ impl HeapBackend {
         Self::default()
     }
 
-    fn account_new(&mut self, key: &[u8], cell: &Cell) {
-        self.bytes += key.len() as u64 + cell.approximate_bytes();
-    }
-
-    /// Stores `cell` at `key`, keeping the byte count.
+    /// Stores `cell` at `key` (one walk of the map, new key or not), keeping the byte count.
     fn set(&mut self, key: &[u8], cell: Cell) {
         let added = cell.approximate_bytes();
-        if let Some(old) = self.map.get_mut(key) {
-            self.bytes = self.bytes - old.approximate_bytes() + added;
-            *old = cell;
-        } else {
-            self.account_new(key, &cell);
-            self.map.insert(key.to_vec(), cell);
+        match self.map.insert(Key::from_slice(key), cell) {
+            Some(old) => self.bytes = self.bytes - old.approximate_bytes() + added,
+            None => self.bytes += key.len() as u64 + added,
         }
     }
 }
