@@ -6,9 +6,14 @@
 //! scans, snapshots, savepoints and the state lookup read the same bytes from either
 //! backend. Reads clone the value (`StateValue: Clone`), writes move it in: in place
 //! when no frozen snapshot shares the object, else as a new object (copy-on-write).
+//!
+//! An object keeps the bytes its first encoding made until it is written again: a full
+//! snapshot every checkpoint then serializes only what changed since the last one and
+//! copies the rest, for the price of holding each unchanged value twice (as an object
+//! and as its bytes).
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::{KvBackend, Lookup, StoredObject};
 use crate::codec::{StateValue, de, ser_append};
@@ -23,14 +28,35 @@ struct Kept<T> {
     /// Last access in ms (only meaningful, and only encoded, when the state has TTL).
     ts: u64,
     value: T,
+    /// What [`StoredObject::encode`] appended, once it has run; emptied by every write.
+    encoded: OnceLock<Box<[u8]>>,
+}
+
+impl<T> Kept<T> {
+    fn new(meta: Arc<StateMeta>, ts: u64, value: T) -> Self {
+        Self {
+            meta,
+            ts,
+            value,
+            encoded: OnceLock::new(),
+        }
+    }
 }
 
 impl<T: StateValue> StoredObject for Kept<T> {
     fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
+        if let Some(bytes) = self.encoded.get() {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        let start = out.len();
         if self.meta.ttl.is_some() {
             out.extend_from_slice(&self.ts.to_le_bytes());
         }
-        ser_append(out, &self.value, &self.meta.name)
+        ser_append(out, &self.value, &self.meta.name)?;
+        // Another thread may have encoded it meanwhile: the same bytes either way.
+        let _ = self.encoded.set(out[start..].into());
+        Ok(())
     }
 
     fn approximate_bytes(&self) -> usize {
@@ -101,18 +127,15 @@ impl Inner {
             if let Some(kept) = any.downcast_mut::<Kept<T>>() {
                 kept.value = value;
                 kept.ts = ts;
+                kept.encoded.take();
                 if !Arc::ptr_eq(&kept.meta, meta) {
                     kept.meta = meta.clone();
                 }
                 return Ok(());
             }
         }
-        let kept = Kept {
-            meta: meta.clone(),
-            ts,
-            value,
-        };
-        self.backend.put_object(&self.kbuf, Arc::new(kept))
+        self.backend
+            .put_object(&self.kbuf, Arc::new(Kept::new(meta.clone(), ts, value)))
     }
 
     /// [`Inner::put_value`] from a borrowed value: serialized from the reference when
@@ -192,16 +215,25 @@ mod tests {
         let bytes = open("bytes", 1 << 20);
         assert!(objects.lock().backend.keeps_objects());
         assert!(!bytes.lock().backend.keeps_objects());
-        for store in [&objects, &bytes] {
-            let acc = store
-                .value_state(&ValueStateDescriptor::<Acc>::new("acc").with_ttl(
-                    TtlConfig::new(Duration::from_secs(60)).update_type(UpdateType::OnReadAndWrite),
-                ))
-                .unwrap();
-            let seen = store
-                .map_state(&MapStateDescriptor::<u64, String>::new("seen"))
-                .unwrap();
-            for i in 0..20u64 {
+        let handles: Vec<_> = [&objects, &bytes]
+            .into_iter()
+            .map(|store| {
+                let acc = store
+                    .value_state(
+                        &ValueStateDescriptor::<Acc>::new("acc").with_ttl(
+                            TtlConfig::new(Duration::from_secs(60))
+                                .update_type(UpdateType::OnReadAndWrite),
+                        ),
+                    )
+                    .unwrap();
+                let seen = store
+                    .map_state(&MapStateDescriptor::<u64, String>::new("seen"))
+                    .unwrap();
+                (store, acc, seen)
+            })
+            .collect();
+        for i in 0..20u64 {
+            for (store, acc, seen) in &handles {
                 store
                     .set_current_key(format!("k{}", i % 7).as_bytes())
                     .unwrap();
@@ -217,8 +249,52 @@ mod tests {
                     seen.remove(&(i / 2)).unwrap();
                 }
             }
+            // Encoding keeps each object's bytes: the writes of the next round (in place,
+            // nothing shares the objects) must drop them, TTL timestamp included.
+            entries(&objects);
+            clock.advance(1_000);
         }
         assert_eq!(entries(&objects), entries(&bytes));
+    }
+
+    /// An object keeps its encoding for the next snapshot, and a write in place (nothing
+    /// shares the object) drops it: the next encoding says the new value and timestamp.
+    #[test]
+    fn a_write_in_place_after_an_encoding_is_what_the_next_encoding_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(1_000));
+        let store = StateStore::open_with_clock(
+            StoreConfig::new(BackendKind::Hashmap, dir.path(), 128),
+            clock.clone(),
+        )
+        .unwrap();
+        let plain = store
+            .value_state(&ValueStateDescriptor::<Acc>::new("plain"))
+            .unwrap();
+        let ttl = store
+            .value_state(
+                &ValueStateDescriptor::<u64>::new("ttl")
+                    .with_ttl(TtlConfig::new(Duration::from_secs(60))),
+            )
+            .unwrap();
+        store.set_current_key(b"k").unwrap();
+        for round in 1..=3u64 {
+            let acc = Acc {
+                count: round,
+                last: format!("round-{round}"),
+            };
+            plain.update(&acc).unwrap();
+            ttl.update(&round).unwrap();
+            let mut expected_ttl = clock.now_ms().to_le_bytes().to_vec();
+            expected_ttl.extend(postcard::to_allocvec(&round).unwrap());
+            let values: Vec<Vec<u8>> = entries(&store).into_iter().map(|(_, v)| v).collect();
+            assert_eq!(
+                values,
+                vec![postcard::to_allocvec(&acc).unwrap(), expected_ttl],
+                "round {round}"
+            );
+            clock.advance(1_000);
+        }
     }
 
     /// A frozen copy (a checkpoint's) keeps the value it saw: a write after the freeze
