@@ -6,14 +6,9 @@
 //! scans, snapshots, savepoints and the state lookup read the same bytes from either
 //! backend. Reads clone the value (`StateValue: Clone`), writes move it in: in place
 //! when no frozen snapshot shares the object, else as a new object (copy-on-write).
-//!
-//! An object keeps the bytes its first encoding made until it is written again: a full
-//! snapshot every checkpoint then serializes only what changed since the last one and
-//! copies the rest, for the price of holding each unchanged value twice (as an object
-//! and as its bytes).
 
 use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::backend::{KvBackend, Lookup, StoredObject};
 use crate::codec::{StateValue, de, ser_append};
@@ -28,35 +23,14 @@ struct Kept<T> {
     /// Last access in ms (only meaningful, and only encoded, when the state has TTL).
     ts: u64,
     value: T,
-    /// What [`StoredObject::encode`] appended, once it has run; emptied by every write.
-    encoded: OnceLock<Box<[u8]>>,
-}
-
-impl<T> Kept<T> {
-    fn new(meta: Arc<StateMeta>, ts: u64, value: T) -> Self {
-        Self {
-            meta,
-            ts,
-            value,
-            encoded: OnceLock::new(),
-        }
-    }
 }
 
 impl<T: StateValue> StoredObject for Kept<T> {
     fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
-        if let Some(bytes) = self.encoded.get() {
-            out.extend_from_slice(bytes);
-            return Ok(());
-        }
-        let start = out.len();
         if self.meta.ttl.is_some() {
             out.extend_from_slice(&self.ts.to_le_bytes());
         }
-        ser_append(out, &self.value, &self.meta.name)?;
-        // Another thread may have encoded it meanwhile: the same bytes either way.
-        let _ = self.encoded.set(out[start..].into());
-        Ok(())
+        ser_append(out, &self.value, &self.meta.name)
     }
 
     fn approximate_bytes(&self) -> usize {
@@ -127,15 +101,18 @@ impl Inner {
             if let Some(kept) = any.downcast_mut::<Kept<T>>() {
                 kept.value = value;
                 kept.ts = ts;
-                kept.encoded.take();
                 if !Arc::ptr_eq(&kept.meta, meta) {
                     kept.meta = meta.clone();
                 }
                 return Ok(());
             }
         }
-        self.backend
-            .put_object(&self.kbuf, Arc::new(Kept::new(meta.clone(), ts, value)))
+        let kept = Kept {
+            meta: meta.clone(),
+            ts,
+            value,
+        };
+        self.backend.put_object(&self.kbuf, Arc::new(kept))
     }
 
     /// [`Inner::put_value`] from a borrowed value: serialized from the reference when
@@ -249,16 +226,16 @@ mod tests {
                     seen.remove(&(i / 2)).unwrap();
                 }
             }
-            // Encoding keeps each object's bytes: the writes of the next round (in place,
-            // nothing shares the objects) must drop them, TTL timestamp included.
+            // Encode between rounds: the next round's writes (in place, nothing shares the
+            // objects) must show in the next encoding, TTL timestamp included.
             entries(&objects);
             clock.advance(1_000);
         }
         assert_eq!(entries(&objects), entries(&bytes));
     }
 
-    /// An object keeps its encoding for the next snapshot, and a write in place (nothing
-    /// shares the object) drops it: the next encoding says the new value and timestamp.
+    /// A write in place (nothing shares the object) after an encoding: the next encoding
+    /// says the new value and timestamp (what any reuse of encodings must keep true).
     #[test]
     fn a_write_in_place_after_an_encoding_is_what_the_next_encoding_says() {
         let dir = tempfile::tempdir().unwrap();
