@@ -376,9 +376,7 @@ fn hanging_rows(table: &str) -> Vec<HangingRow> {
 
 /// `kafka-transactions.sh` (Kafka's `TransactionsCommand`) against the rig's broker.
 fn transactions_tool(args: &[&str]) -> String {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh");
-    let out = std::process::Command::new(&script)
+    let out = std::process::Command::new(kafka_script())
         .args([
             "run-class",
             "org.apache.kafka.tools.TransactionsCommand",

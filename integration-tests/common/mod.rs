@@ -1014,10 +1014,14 @@ pub fn wait_all_committed(job: &Job, service: &mut Service) {
     }
 }
 
+/// The broker rig's script (`integration-tests/kafka/kafka.sh`).
+pub fn kafka_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh")
+}
+
 /// The broker rig's script, for tests that bounce the broker.
 pub fn kafka_rig(command: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration-tests/kafka/kafka.sh");
-    let status = Command::new(&script)
+    let status = Command::new(kafka_script())
         .arg(command)
         .status()
         .expect("run kafka.sh");

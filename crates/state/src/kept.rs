@@ -75,7 +75,9 @@ impl Inner {
             OnRead::Live { refresh } => {
                 let value = kept.value.clone();
                 if refresh {
-                    // A put stamps `now`: the refreshed timestamp.
+                    // Our reference gone, the put can stamp `now` in place instead of
+                    // copying the object.
+                    drop(object);
                     self.put_value(meta, value.clone())?;
                 }
                 Ok(Some(value))
