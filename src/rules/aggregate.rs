@@ -130,9 +130,10 @@ fn add_distinct(
     Ok(true)
 }
 
-/// Drops a closed window's distinct values. Only `distinct_count` writes any, and
-/// clearing a map is a prefix scan (a RocksDB iterator seek): at every window close of
-/// every other function it was half the CPU of the W benchmark, for nothing.
+/// Drops a closed window's distinct values (current namespace). Only `distinct_count`
+/// writes any, and clearing a map is a prefix scan (a RocksDB iterator seek): at every
+/// window close of every other function it was half the CPU of the W benchmark, for
+/// nothing.
 fn clear_distinct(st: &States, a: &AggregateSpec) -> Result<(), FunctionError> {
     if a.func == AggFn::DistinctCount {
         st.win_distinct.clear()?;
@@ -294,7 +295,7 @@ pub(crate) fn on_event(
 #[allow(clippy::too_many_arguments)]
 fn add_to_window(
     env: &Env<'_, '_>,
-    st: &States,
+    st: &mut States,
     rule: &Rule,
     a: &AggregateSpec,
     ev: &Event<'_>,
@@ -312,18 +313,38 @@ fn add_to_window(
         env.metrics.late_windows.inc();
         return Ok(());
     }
-    env.set_namespace(&namespace(
-        &rule.id,
-        rule.version,
-        window::WINDOW,
-        Some(start),
-    ));
-    let mut acc = match group {
-        None => st.win_acc.value()?.unwrap_or_default(),
-        Some(g) => match group_acc(env, &st.win_groups, a, g)? {
-            Some(acc) => acc,
-            None => return Ok(()),
-        },
+    let rule_ns = || namespace(&rule.id, rule.version, window::WINDOW, Some(start));
+    let Some(g) = group else {
+        // The distinct values stay in the rule's window namespace; the accumulator joins
+        // the key's other windows ending at `end`, written back once per event.
+        let new = match input {
+            Input::Distinct(_) => {
+                env.set_namespace(&rule_ns());
+                add_distinct(&st.win_distinct, input, None)?
+            }
+            _ => false,
+        };
+        let acc = st.windows.acc(env, rule, start, end)?;
+        acc.add(input.number(), new);
+        let value = acc.value(a.func);
+        if per_event(a, acc, &value, true) {
+            let w = Some(WindowRef { start, end });
+            let r = record(
+                rule,
+                ev.key,
+                value,
+                w,
+                Some(ev.source),
+                ev.timestamp_ms,
+                extra(a, acc, "event"),
+            );
+            env.emit(out, rule, ev.key, &r)?;
+        }
+        return Ok(());
+    };
+    env.set_namespace(&rule_ns());
+    let Some(mut acc) = group_acc(env, &st.win_groups, a, g)? else {
+        return Ok(());
     };
     if acc.count == 0 {
         env.register_timer(fires_at)?;
@@ -332,16 +353,11 @@ fn add_to_window(
     acc.add(input.number(), new);
     let value = acc.value(a.func);
     let fire = per_event(a, &mut acc, &value, true);
-    match group {
-        None => st.win_acc.update(&acc)?,
-        Some(g) => st.win_groups.put(&g.text, &acc)?,
-    }
+    st.win_groups.put(&g.text, &acc)?;
     if fire {
         let w = Some(WindowRef { start, end });
         let mut more = extra(a, &acc, "event");
-        if let Some(g) = group {
-            more.push(group_field(a, g.value.clone()));
-        }
+        more.push(group_field(a, g.value.clone()));
         let r = record(
             rule,
             ev.key,
@@ -394,7 +410,9 @@ fn add_to_running_group(
     Ok(())
 }
 
-/// A tumbling or sliding window closed (timer at `end - 1`, namespace already set).
+/// A rule's own window timer fired (timer at `end - 1`, the rule window's namespace
+/// set): a `group_by` window closes, or an un-grouped one written before
+/// [`super::windowed`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn on_window_timer(
     env: &Env<'_, '_>,
@@ -406,38 +424,70 @@ pub(crate) fn on_window_timer(
     timer_ms: u64,
     out: &mut Output,
 ) -> Result<(), FunctionError> {
-    let acc = st.win_acc.value()?;
-    st.win_acc.clear()?;
+    if a.group_by.is_none() {
+        let acc = st.win_acc.value()?;
+        if acc.is_some() {
+            st.win_acc.clear()?;
+        }
+        return close_window(env, st, rule, a, key, start, acc, timer_ms, out);
+    }
     clear_distinct(st, a)?;
+    let size = match a.window {
+        WindowSpec::Tumbling { size } | WindowSpec::Sliding { size, .. } => size,
+        _ => return Ok(()),
+    };
+    let mut groups = st.win_groups.entries()?;
+    st.win_groups.clear()?;
+    if a.emit != Emit::OnWindowClose {
+        return Ok(());
+    }
+    // One output per group, in the order of the groups' JSON text.
+    groups.sort_by(|x, y| x.0.cmp(&y.0));
+    let w = Some(WindowRef {
+        start,
+        end: start + size as i64,
+    });
+    for (text, acc) in groups {
+        let value = acc.value(a.func);
+        if a.having.as_ref().is_none_or(|h| h.eval(&value)) {
+            let group: Value = serde_json::from_str(&text)?;
+            let mut more = extra(a, &acc, "window_close");
+            more.push(group_field(a, group));
+            let r = record(rule, key, value, w, None, timer_ms, more);
+            env.emit(out, rule, key, &r)?;
+        }
+    }
+    Ok(())
+}
+
+/// An un-grouped tumbling or sliding window of `rule` closed with `acc`: its output (and
+/// `compare`'s history), and its distinct values dropped.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn close_window(
+    env: &Env<'_, '_>,
+    st: &States,
+    rule: &Rule,
+    a: &AggregateSpec,
+    key: &str,
+    start: i64,
+    acc: Option<Acc>,
+    timer_ms: u64,
+    out: &mut Output,
+) -> Result<(), FunctionError> {
+    if a.func == AggFn::DistinctCount {
+        env.set_namespace(&namespace(
+            &rule.id,
+            rule.version,
+            window::WINDOW,
+            Some(start),
+        ));
+        clear_distinct(st, a)?;
+    }
     let (size, step) = match a.window {
         WindowSpec::Tumbling { size } => (size, size),
         WindowSpec::Sliding { size, slide } => (size, slide),
         _ => return Ok(()),
     };
-    if a.group_by.is_some() {
-        let mut groups = st.win_groups.entries()?;
-        st.win_groups.clear()?;
-        if a.emit != Emit::OnWindowClose {
-            return Ok(());
-        }
-        // One output per group, in the order of the groups' JSON text.
-        groups.sort_by(|x, y| x.0.cmp(&y.0));
-        let w = Some(WindowRef {
-            start,
-            end: start + size as i64,
-        });
-        for (text, acc) in groups {
-            let value = acc.value(a.func);
-            if a.having.as_ref().is_none_or(|h| h.eval(&value)) {
-                let group: Value = serde_json::from_str(&text)?;
-                let mut more = extra(a, &acc, "window_close");
-                more.push(group_field(a, group));
-                let r = record(rule, key, value, w, None, timer_ms, more);
-                env.emit(out, rule, key, &r)?;
-            }
-        }
-        return Ok(());
-    }
     let Some(acc) = acc else { return Ok(()) };
     if a.emit != Emit::OnWindowClose {
         return Ok(());

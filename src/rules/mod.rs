@@ -7,6 +7,7 @@
 //! | [`aggregate`] | accumulators and aggregate rules (running, tumbling, sliding, session, compare) |
 //! | [`running`] | every running aggregate of a key in one value (one read, one write per event) |
 //! | [`window`] | state namespaces and window assignment |
+//! | [`windowed`] | every un-grouped window of a key ending at one instant in one value, one timer |
 //! | [`dedup`], [`sequence`], [`anomaly`] | the other rule kinds |
 //! | [`output`] | the output record |
 //! | [`metrics`] | `streamstate_rule_*` metrics |
@@ -29,6 +30,7 @@ pub mod running;
 pub mod sequence;
 pub mod spec;
 pub mod window;
+pub mod windowed;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -66,7 +68,11 @@ pub struct EngineOptions {
 /// Keyed-state handles, obtained in `open`.
 pub(crate) struct States {
     store: StateStore,
-    /// Tumbling/sliding window accumulators (cleared when the window closes).
+    /// Tumbling/sliding windows without `group_by`, every rule's of a key ending at one
+    /// instant in one value (removed when they close).
+    pub windows: windowed::Batch,
+    /// Window accumulators as written before [`windowed`] (one per rule window): still
+    /// closed by their timers, and moved into `windows` by the next event of the window.
     pub win_acc: ValueState<Acc>,
     /// distinct_count values of a window or session.
     pub win_distinct: MapState<String, bool>,
@@ -93,6 +99,7 @@ pub(crate) struct States {
 /// The engine's fixed keyed states. One list serves `open` and the offline
 /// `check-restore` (via [`RuleEngine::declared_states`]), so they cannot disagree.
 struct Descriptors {
+    windows: ValueStateDescriptor<windowed::Windows>,
     win_acc: ValueStateDescriptor<Acc>,
     win_distinct: MapStateDescriptor<String, bool>,
     running: ValueStateDescriptor<running::Running>,
@@ -144,6 +151,7 @@ impl Descriptors {
             run_groups = run_groups.with_ttl(ttl_config(t));
         }
         Self {
+            windows: ValueStateDescriptor::new("rules.window.combined"),
             win_acc: ValueStateDescriptor::new("rules.window.acc"),
             win_distinct: MapStateDescriptor::new("rules.window.distinct"),
             running: value("rules.running", state_ttl),
@@ -163,6 +171,7 @@ impl Descriptors {
 
     fn declarations(&self) -> Vec<streamstate_state::StateDeclaration> {
         vec![
+            self.windows.declaration(),
             self.win_acc.declaration(),
             self.win_distinct.declaration(),
             self.running.declaration(),
@@ -188,9 +197,19 @@ impl States {
             .store
             .state_has_entries(&d.run_acc.name)?
             .then_some(legacy);
+        let win_acc = ctx.value_state(&d.win_acc)?;
+        let win_legacy = ctx
+            .store
+            .state_has_entries(&d.win_acc.name)?
+            .then(|| win_acc.clone());
         Ok(Self {
             store: ctx.store.clone(),
-            win_acc: ctx.value_state(&d.win_acc)?,
+            windows: windowed::Batch::new(
+                ctx.store.clone(),
+                ctx.value_state(&d.windows)?,
+                win_legacy,
+            ),
+            win_acc,
             win_distinct: ctx.map_state(&d.win_distinct)?,
             running: running::Batch::new(
                 ctx.store.clone(),
@@ -388,6 +407,7 @@ impl ProcessFunction for RuleEngine {
     ) -> Result<(), FunctionError> {
         let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
         states.running.reset();
+        states.windows.reset();
         for Live { rule, counters } in self.rules.values() {
             if rule.filter.as_ref().is_some_and(|f| !f.eval(event.value)) {
                 continue;
@@ -408,9 +428,9 @@ impl ProcessFunction for RuleEngine {
             }
         }
         let rules = &self.rules;
-        states
-            .running
-            .finish(|id, version| rules.get(id).is_some_and(|l| l.rule.version == version))
+        let in_force = |id: &str, version| rules.get(id).is_some_and(|l| l.rule.version == version);
+        states.running.finish(in_force)?;
+        states.windows.finish(in_force)
     }
 
     fn process_broadcast_element(
@@ -461,6 +481,10 @@ impl ProcessFunction for RuleEngine {
         if timer.domain != expected {
             return Ok(());
         }
+        let key = String::from_utf8_lossy(timer.key);
+        if ns.tag == window::WINDOW_END {
+            return self.close_windows(ctx, &key, timer.timestamp_ms, out);
+        }
         let live = self
             .rules
             .get(ns.id)
@@ -471,7 +495,6 @@ impl ProcessFunction for RuleEngine {
             counters: live.map(|l| &l.counters),
             event_time: self.options.event_time,
         };
-        let key = String::from_utf8_lossy(timer.key);
         match (live.map(|l| (&l.rule, &l.rule.kind)), ns.tag) {
             (Some((rule, Kind::Aggregate(a))), window::WINDOW) => aggregate::on_window_timer(
                 &env,
@@ -492,6 +515,7 @@ impl ProcessFunction for RuleEngine {
             // The rule was deleted or replaced: its state is never read again; drop what the
             // timer scoped, emit nothing.
             (_, window::WINDOW) => {
+                // Only state written before the combined value has timers here.
                 states.win_acc.clear()?;
                 states.win_groups.clear()?;
                 Ok(states.win_distinct.clear()?)
@@ -500,6 +524,57 @@ impl ProcessFunction for RuleEngine {
             (_, window::SEQUENCE) => sequence::drop_state(states),
             _ => Ok(()),
         }
+    }
+}
+
+impl RuleEngine {
+    /// The un-grouped windows of `key` ending at the timer close (their value's namespace
+    /// is current): each rule in force emits, in rule-id order; a deleted or replaced rule's
+    /// entry is dropped with its distinct values.
+    fn close_windows(
+        &mut self,
+        ctx: &KeyedContext<'_>,
+        key: &str,
+        timer_ms: u64,
+        out: &mut Output,
+    ) -> Result<(), FunctionError> {
+        let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
+        for e in states.windows.take()? {
+            let live = self
+                .rules
+                .get(&e.rule)
+                .filter(|l| l.rule.version == e.version);
+            let env = Env {
+                ctx,
+                metrics: &self.metrics,
+                counters: live.map(|l| &l.counters),
+                event_time: self.options.event_time,
+            };
+            match live.map(|l| (&l.rule, &l.rule.kind)) {
+                Some((rule, Kind::Aggregate(a))) => aggregate::close_window(
+                    &env,
+                    states,
+                    rule,
+                    a,
+                    key,
+                    e.start,
+                    Some(e.acc),
+                    timer_ms,
+                    out,
+                )?,
+                _ if e.acc.distinct > 0 => {
+                    env.set_namespace(&window::namespace(
+                        &e.rule,
+                        e.version,
+                        window::WINDOW,
+                        Some(e.start),
+                    ));
+                    states.win_distinct.clear()?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1125,3 +1125,4 @@ print(json.dumps({"good_refused": bad, "bad_accepted": ok}))
 
 mod event_time;
 mod running;
+mod windowed;

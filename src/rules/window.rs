@@ -8,7 +8,8 @@
 //!
 //! Tags: `W` window (start), `H` compare history, `R` running aggregate, `S` sessions of a
 //! key, `s` one session's distinct values (session id), `D` dedup, `Q` sequence,
-//! `A` anomaly model.
+//! `A` anomaly model; `E` (no rule id, version 0) every un-grouped window of a key that
+//! ends at the argument (see [`super::windowed`]).
 
 pub const WINDOW: u8 = b'W';
 pub const HISTORY: u8 = b'H';
@@ -18,6 +19,7 @@ pub const SESSION_DISTINCT: u8 = b's';
 pub const DEDUP: u8 = b'D';
 pub const SEQUENCE: u8 = b'Q';
 pub const ANOMALY: u8 = b'A';
+pub const WINDOW_END: u8 = b'E';
 
 pub fn namespace(id: &str, version: u64, tag: u8, arg: Option<i64>) -> Vec<u8> {
     let mut ns = Vec::with_capacity(id.len() + 18);
