@@ -275,6 +275,26 @@ struct AtLeastOnce {
     pending: Mutex<Option<TopicPartitionList>>,
 }
 
+/// A producer's librdkafka settings, whatever its guarantee: defaults, then the user's
+/// properties, then what the protocol cannot do without.
+fn client_config(config: &Config) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    // A default only: `[kafka.producer_properties]` may trade latency for larger batches
+    // (Kafka Streams defaults to 100 ms under exactly-once).
+    cc.set("linger.ms", "5");
+    for (k, v) in config
+        .kafka
+        .properties
+        .iter()
+        .chain(&config.kafka.producer_properties)
+    {
+        cc.set(k, v);
+    }
+    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
+        .set("enable.idempotence", "true");
+    cc
+}
+
 impl Producer {
     /// The producer, not yet registered with the transaction coordinator (no broker call).
     fn unfenced(
@@ -284,18 +304,7 @@ impl Producer {
         group: Option<Arc<ConsumerGroupMetadata>>,
         committer: Option<Arc<BaseConsumer<LogContext>>>,
     ) -> Result<Self, SinkError> {
-        let mut cc = ClientConfig::new();
-        for (k, v) in config
-            .kafka
-            .properties
-            .iter()
-            .chain(&config.kafka.producer_properties)
-        {
-            cc.set(k, v);
-        }
-        cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5");
+        let mut cc = client_config(config);
         let at_least_once = match committer {
             None => {
                 cc.set("transactional.id", &transactional_id).set(
@@ -669,4 +678,33 @@ fn record<'a>(
         record = record.timestamp(ts);
     }
     record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        let body = format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\napp_id = \"app\"\n\
+             input_topics = [\"in\"]\noutput_topic = \"out\"\ndead_letter_topic = \"dlq\"\n\
+             [job]\nkey = \"/user\"\n{extra}"
+        );
+        std::fs::write(&path, body).expect("write config");
+        Config::load(&path).expect("load")
+    }
+
+    #[test]
+    fn producer_properties_may_set_linger_but_not_turn_idempotence_off() {
+        let defaults = client_config(&config(""));
+        assert_eq!(defaults.get("linger.ms"), Some("5"));
+        let set = client_config(&config(
+            "[kafka.producer_properties]\n\"linger.ms\" = \"50\"\n\"enable.idempotence\" = \"false\"\n",
+        ));
+        assert_eq!(set.get("linger.ms"), Some("50"), "the user's value wins");
+        assert_eq!(set.get("enable.idempotence"), Some("true"), "never off");
+        assert_eq!(set.get("bootstrap.servers"), Some("127.0.0.1:9092"));
+    }
 }
