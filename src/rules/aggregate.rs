@@ -328,17 +328,7 @@ fn add_to_window(
         acc.add(input.number(), new);
         let value = acc.value(a.func);
         if per_event(a, acc, &value, true) {
-            let w = Some(WindowRef { start, end });
-            let r = record(
-                rule,
-                ev.key,
-                value,
-                w,
-                Some(ev.source),
-                ev.timestamp_ms,
-                extra(a, acc, "event"),
-            );
-            env.emit(out, rule, ev.key, &r)?;
+            emit_window_event(env, rule, a, ev, acc, value, None, start, end, out)?;
         }
         return Ok(());
     };
@@ -355,21 +345,40 @@ fn add_to_window(
     let fire = per_event(a, &mut acc, &value, true);
     st.win_groups.put(&g.text, &acc)?;
     if fire {
-        let w = Some(WindowRef { start, end });
-        let mut more = extra(a, &acc, "event");
-        more.push(group_field(a, g.value.clone()));
-        let r = record(
-            rule,
-            ev.key,
-            value,
-            w,
-            Some(ev.source),
-            ev.timestamp_ms,
-            more,
-        );
-        env.emit(out, rule, ev.key, &r)?;
+        emit_window_event(env, rule, a, ev, &acc, value, Some(g), start, end, out)?;
     }
     Ok(())
+}
+
+/// The output an event triggers in window `[start, end)` (`every_event`, `on_match`).
+#[allow(clippy::too_many_arguments)]
+fn emit_window_event(
+    env: &Env<'_, '_>,
+    rule: &Rule,
+    a: &AggregateSpec,
+    ev: &Event<'_>,
+    acc: &Acc,
+    value: Value,
+    group: Option<&Group<'_>>,
+    start: i64,
+    end: i64,
+    out: &mut Output,
+) -> Result<(), FunctionError> {
+    let mut more = extra(a, acc, "event");
+    if let Some(g) = group {
+        more.push(group_field(a, g.value.clone()));
+    }
+    let w = Some(WindowRef { start, end });
+    let r = record(
+        rule,
+        ev.key,
+        value,
+        w,
+        Some(ev.source),
+        ev.timestamp_ms,
+        more,
+    );
+    env.emit(out, rule, ev.key, &r)
 }
 
 /// A running aggregate per group (namespace: the rule version's running namespace).
