@@ -16,6 +16,8 @@
 //! - [`control`]: control-topic records → versioned updates, kept in broadcast state.
 //! - [`sink`]: the pool of transactional producers, one transaction per checkpoint epoch;
 //!   [`transactions`] what operators see of the open transaction (age, checkpoint).
+//! - [`kafka_client`]: the librdkafka settings each client role starts from (the user's
+//!   shared properties, then the role's own table).
 //! - [`kafka_log`]: librdkafka's logs and errors into `tracing`, once per distinct message.
 //! - [`checkpoint`]: checkpoint storage and manifests (verify before restore).
 //! - [`commit`]: the commit protocol: pipelined epochs over a pool of transactional
@@ -69,6 +71,7 @@ pub mod function;
 pub mod functions;
 pub mod history;
 pub mod job;
+pub mod kafka_client;
 pub mod kafka_log;
 pub mod metrics;
 pub mod repartition;

@@ -28,7 +28,6 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -36,6 +35,7 @@ use rdkafka::message::{Header, Headers, OwnedHeaders};
 
 use crate::config::Config;
 use crate::function::SourceRef;
+use crate::kafka_client::{self, Role};
 
 const ORIGIN_TOPIC: &str = "streamstate.repartition.topic";
 const ORIGIN_PARTITION: &str = "streamstate.repartition.partition";
@@ -66,12 +66,10 @@ pub fn create_topic(config: &Config, partitions: u32) -> Result<(), RepartitionE
         topic: topic.clone(),
         source,
     };
-    let mut cc = ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers);
-    let admin: AdminClient<DefaultClientContext> = cc.create().map_err(err)?;
+    let admin: AdminClient<DefaultClientContext> =
+        kafka_client::client_config(config, Role::Shared, &[])
+            .create()
+            .map_err(err)?;
     let new = NewTopic::new(&topic, partitions as i32, TopicReplication::Fixed(-1));
     let timeout: Duration = config.kafka.connect_timeout;
     let options = AdminOptions::new().operation_timeout(Some(timeout));

@@ -30,6 +30,7 @@ use tracing::warn;
 use crate::checkpoint::CheckpointRef;
 use crate::commit::Handover;
 use crate::config::{Config, Guarantee};
+use crate::kafka_client::{self, Role};
 use crate::kafka_log::LogContext;
 use crate::source::{Offsets, offsets_for_commit};
 use crate::transactions::Transactions;
@@ -277,21 +278,11 @@ struct AtLeastOnce {
 
 /// A producer's librdkafka settings, whatever its guarantee: defaults, then the user's
 /// properties, then what the protocol cannot do without.
-fn client_config(config: &Config) -> ClientConfig {
-    let mut cc = ClientConfig::new();
-    // A default only: `[kafka.producer_properties]` may trade latency for larger batches
-    // (Kafka Streams defaults to 100 ms under exactly-once).
-    cc.set("linger.ms", "5");
-    for (k, v) in config
-        .kafka
-        .properties
-        .iter()
-        .chain(&config.kafka.producer_properties)
-    {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
-        .set("enable.idempotence", "true");
+fn producer_config(config: &Config) -> ClientConfig {
+    // `linger.ms` is a default only: `[kafka.producer_properties]` may trade latency for
+    // larger batches (Kafka Streams defaults to 100 ms under exactly-once).
+    let mut cc = kafka_client::client_config(config, Role::Producer, &[("linger.ms", "5")]);
+    cc.set("enable.idempotence", "true");
     cc
 }
 
@@ -304,7 +295,7 @@ impl Producer {
         group: Option<Arc<ConsumerGroupMetadata>>,
         committer: Option<Arc<BaseConsumer<LogContext>>>,
     ) -> Result<Self, SinkError> {
-        let mut cc = client_config(config);
+        let mut cc = producer_config(config);
         let at_least_once = match committer {
             None => {
                 cc.set("transactional.id", &transactional_id).set(
@@ -621,16 +612,7 @@ impl Producer {
 
 /// The at-least-once sink's offset committer: the source's group, no subscription.
 fn committer(config: &Config) -> Result<BaseConsumer<LogContext>, SinkError> {
-    let mut cc = ClientConfig::new();
-    for (k, v) in config
-        .kafka
-        .properties
-        .iter()
-        .chain(&config.kafka.consumer_properties)
-    {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
+    kafka_client::client_config(config, Role::Consumer, &[])
         .set("group.id", &config.kafka.app_id)
         .set("enable.auto.commit", "false")
         .create_with_context(LogContext::default())
@@ -683,24 +665,13 @@ fn record<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(extra: &str) -> Config {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("c.toml");
-        let body = format!(
-            "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\napp_id = \"app\"\n\
-             input_topics = [\"in\"]\noutput_topic = \"out\"\ndead_letter_topic = \"dlq\"\n\
-             [job]\nkey = \"/user\"\n{extra}"
-        );
-        std::fs::write(&path, body).expect("write config");
-        Config::load(&path).expect("load")
-    }
+    use crate::kafka_client::tests::config;
 
     #[test]
     fn producer_properties_may_set_linger_but_not_turn_idempotence_off() {
-        let defaults = client_config(&config(""));
+        let defaults = producer_config(&config(""));
         assert_eq!(defaults.get("linger.ms"), Some("5"));
-        let set = client_config(&config(
+        let set = producer_config(&config(
             "[kafka.producer_properties]\n\"linger.ms\" = \"50\"\n\"enable.idempotence\" = \"false\"\n",
         ));
         assert_eq!(set.get("linger.ms"), Some("50"), "the user's value wins");

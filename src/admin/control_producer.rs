@@ -11,11 +11,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::config::Config;
+use crate::kafka_client::{self, Role};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -49,14 +49,10 @@ impl ControlProducer {
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
-        let mut cc = ClientConfig::new();
         // Connection and security settings only: producer_properties may tune the job's
         // transactional producer in ways that do not fit a one-record publisher.
-        for (k, v) in &self.config.kafka.properties {
-            cc.set(k, v);
-        }
-        cc.set("bootstrap.servers", &self.config.kafka.bootstrap_servers)
-            .set("enable.idempotence", "true")
+        let mut cc = kafka_client::client_config(&self.config, Role::Shared, &[]);
+        cc.set("enable.idempotence", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random")
             .set(

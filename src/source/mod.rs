@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::checkpoint::{CheckpointRef, offset_metadata, parse_offset_metadata};
 use crate::config::{Config, StartOffsets};
+use crate::kafka_client::{self, Role};
 use crate::kafka_log::LogContext;
 
 pub mod offset_state;
@@ -72,17 +73,8 @@ pub struct Committed {
 
 impl Source {
     pub fn new(config: &Config) -> Result<Self, SourceError> {
-        let mut cc = ClientConfig::new();
-        for (k, v) in config
-            .kafka
-            .properties
-            .iter()
-            .chain(&config.kafka.consumer_properties)
-        {
-            cc.set(k, v);
-        }
-        cc.set("bootstrap.servers", &config.kafka.bootstrap_servers)
-            .set("group.id", &config.kafka.app_id)
+        let mut cc = kafka_client::client_config(config, Role::Consumer, &[]);
+        cc.set("group.id", &config.kafka.app_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")

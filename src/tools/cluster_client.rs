@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier};
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::Config;
+use crate::kafka_client::{Role, client_config};
 use crate::kafka_log::LogContext;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,27 +49,18 @@ pub struct ClusterClient {
     pub servers: String,
 }
 
-/// librdkafka settings from the config that every client of the tools needs: the
-/// connection and security properties, never the job's producer/consumer tuning.
-pub fn client_config(config: &Config) -> ClientConfig {
-    let mut cc = ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &config.kafka.bootstrap_servers);
-    cc
-}
-
 impl ClusterClient {
     /// Connects and checks that the cluster answers within `kafka.connect_timeout`.
     pub fn connect(config: &Config) -> Result<Self, ClientError> {
         let timeout = config.kafka.connect_timeout;
-        let mut probe = client_config(config);
+        // Connection and security properties only, never the job's producer/consumer tuning.
+        let mut probe = client_config(config, Role::Shared, &[]);
         probe
             .set("group.id", format!("{}-tools", config.kafka.app_id))
             .set("enable.auto.commit", "false");
         let client = Self {
-            admin: client_config(config).create_with_context(LogContext::default())?,
+            admin: client_config(config, Role::Shared, &[])
+                .create_with_context(LogContext::default())?,
             probe: probe.create_with_context(LogContext::default())?,
             timeout,
             servers: config.kafka.bootstrap_servers.clone(),

@@ -16,9 +16,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use streamstate_state::{BackendKind, StateStore, StoreConfig};
 
-use super::cluster_client::{ClientError, ClusterClient, client_config};
+use super::cluster_client::{ClientError, ClusterClient};
 use crate::config::{Config, FunctionKind};
 use crate::control::{RuleOutcome, RuleView, Rules, RulesView};
+use crate::kafka_client::{Role, client_config};
 use crate::kafka_log::LogContext;
 use crate::rules::spec;
 
@@ -91,7 +92,7 @@ pub fn read(config: &Config, client: &ClusterClient) -> Result<InForce, ControlL
         topic: topic.clone(),
         source,
     };
-    let mut cc = client_config(config);
+    let mut cc = client_config(config, Role::Shared, &[]);
     // No group offsets are ever committed: the group id only satisfies the client.
     cc.set("group.id", format!("{}-rules-cli", config.kafka.app_id))
         .set("enable.auto.commit", "false")
