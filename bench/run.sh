@@ -16,6 +16,7 @@
 #   BENCH_EVENTS [1000000]  BENCH_KEYS [1000000]  BENCH_DIST [uniform|zipf]  BENCH_SEED [42]
 #   BENCH_REPEATS [3]       BENCH_INTERVAL [1s]   BENCH_LABEL [""] (a line under the title)
 #   BENCH_LOADS [0.5,0.8] (latency runs; empty: none)  BENCH_LATENCY_SECS [30]
+#   BENCH_LATENCY_INPUT [""]  non-empty: the latency reader also times the input records
 #   BENCH_SHORT_INTERVAL [200ms]  S-EO's extra latency run at 50% load with this checkpoint
 #                           interval (empty: none)
 #   BENCH_STATE_SWEEP_MB [100,1000] checkpoint figures at these state sizes, from the
@@ -241,6 +242,7 @@ fi
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
     --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" \
     --flink-rest-port "${BENCH_FLINK_REST_PORT:-19481}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
+    ${BENCH_LATENCY_INPUT:+--latency-input} \
     --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" --short-interval "${BENCH_SHORT_INTERVAL-200ms}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
     "${extra[@]}" "${sweep[@]}" "${avro[@]}"

@@ -5,6 +5,11 @@
 //! mode), takes `now - ts`. So latency includes producer backlog, the contender's batching
 //! and its transaction commit. Stops once the file `--done` exists and no record arrived
 //! for `--idle-ms`; prints `{"records", "p50_ms", "p99_ms", "p999_ms", "max_ms"}`.
+//!
+//! With `--input-topic`, a second consumer (read_uncommitted) takes the same `now - ts`
+//! for the input records, printed as `input_*`: the part of the latency spent before the
+//! contender could read the event (the generator's backlog, the broker, this reader's
+//! fetch), so a miss can be split between the rig and the contender.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -29,21 +34,73 @@ struct Args {
     done: PathBuf,
     #[arg(long, default_value_t = 3_000)]
     idle_ms: u64,
+    /// Also measure when the input records became readable (see the module docs).
+    #[arg(long)]
+    input_topic: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let since = now_ms() + args.warmup_ms;
+    let input = args.input_topic.clone().map(|topic| {
+        let (bootstrap, done, idle_ms) = (args.bootstrap.clone(), args.done.clone(), args.idle_ms);
+        std::thread::spawn(move || {
+            measure(
+                &bootstrap,
+                &topic,
+                "read_uncommitted",
+                since,
+                &done,
+                idle_ms,
+            )
+        })
+    });
+    let mut out = measure(
+        &args.bootstrap,
+        &args.topic,
+        "read_committed",
+        since,
+        &args.done,
+        args.idle_ms,
+    )?
+    .summary("");
+    if let Some(handle) = input {
+        let seen = handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("the input reader panicked"))??;
+        if let (Some(out), serde_json::Value::Object(more)) =
+            (out.as_object_mut(), seen.summary("input_"))
+        {
+            out.extend(more);
+        }
+    }
+    println!("{out}");
+    Ok(())
+}
+
+/// Latencies (ms) of every record of `topic` whose `ts` is at or after `since`, until
+/// `done` exists and `idle_ms` passed without a record.
+fn measure(
+    bootstrap: &str,
+    topic: &str,
+    isolation: &str,
+    since: u64,
+    done: &std::path::Path,
+    idle_ms: u64,
+) -> anyhow::Result<Latencies> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap)
-        .set("group.id", format!("bench-latency-{}", std::process::id()))
-        .set("isolation.level", "read_committed")
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("bench-latency-{}-{topic}", std::process::id()),
+        )
+        .set("isolation.level", isolation)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .create()
         .context("creating the consumer")?;
-    consumer.subscribe(&[&args.topic]).context("subscribing")?;
+    consumer.subscribe(&[topic]).context("subscribing")?;
     let mut latencies: Vec<u64> = Vec::new();
-    let since = now_ms() + args.warmup_ms;
     let mut last_record = Instant::now();
     loop {
         match consumer.poll(Duration::from_millis(100)) {
@@ -56,24 +113,32 @@ fn main() -> anyhow::Result<()> {
                     latencies.push(now_ms().saturating_sub(ts));
                 }
             }
-            Some(Err(e)) => eprintln!("bench-latency: consumer error: {e}"),
+            Some(Err(e)) => eprintln!("bench-latency: consumer error on {topic}: {e}"),
             None => {}
         }
-        if args.done.exists() && last_record.elapsed() >= Duration::from_millis(args.idle_ms) {
+        if done.exists() && last_record.elapsed() >= Duration::from_millis(idle_ms) {
             break;
         }
     }
     latencies.sort_unstable();
-    let q = |p: f64| -> Option<u64> {
-        (!latencies.is_empty())
-            .then(|| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)])
-    };
-    println!(
-        "{}",
-        serde_json::json!({"records": latencies.len(), "p50_ms": q(0.5), "p99_ms": q(0.99),
-                           "p999_ms": q(0.999), "max_ms": latencies.last()})
-    );
-    Ok(())
+    Ok(Latencies(latencies))
+}
+
+/// Sorted latencies in ms.
+struct Latencies(Vec<u64>);
+
+impl Latencies {
+    fn summary(&self, prefix: &str) -> serde_json::Value {
+        let v = &self.0;
+        let q = |p: f64| -> Option<u64> {
+            (!v.is_empty()).then(|| v[((v.len() as f64 * p) as usize).min(v.len() - 1)])
+        };
+        serde_json::json!({
+            format!("{prefix}records"): v.len(), format!("{prefix}p50_ms"): q(0.5),
+            format!("{prefix}p99_ms"): q(0.99), format!("{prefix}p999_ms"): q(0.999),
+            format!("{prefix}max_ms"): v.last(),
+        })
+    }
 }
 
 /// The number after the first `"ts":` in `value`, without parsing the whole JSON.
