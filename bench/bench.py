@@ -867,12 +867,14 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                   f"{a.short_interval} checkpoints at 50% of S-EO's max." if a.short_interval else ""), "",
                   "| contender | load | rate (events/s) | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms |",
                   "|---|---|---|---|---|---|---|---|"]
+        # p50, p99, p99.9 and max of one reader's consumer: "" the output, "input_" the input.
+        quantiles = lambda l, p: " | ".join(fmt(l.get(f"{p}{q}_ms")) for q in ("p50", "p99", "p999", "max"))  # noqa: E731
         for l in latencies:
             if "error" in l:
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['rate']:,} | error: {l['error'][:80]} | | | | |")
             else:
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['rate']:,} | {l.get('records', 0):,} | "
-                             f"{fmt(l.get('p50_ms'))} | {fmt(l.get('p99_ms'))} | {fmt(l.get('p999_ms'))} | {fmt(l.get('max_ms'))} |")
+                             f"{quantiles(l, '')} |")
         lines.append("")
         timed = [l for l in latencies if l.get("input_records")]
         if timed:
@@ -883,8 +885,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       "|---|---|---|---|---|---|---|"]
             for l in timed:
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['input_records']:,} | "
-                             f"{fmt(l.get('input_p50_ms'))} | {fmt(l.get('input_p99_ms'))} | "
-                             f"{fmt(l.get('input_p999_ms'))} | {fmt(l.get('input_max_ms'))} |")
+                             f"{quantiles(l, 'input_')} |")
             lines.append("")
         logged = [l for l in latencies if l.get("checkpoints")]
         if logged:

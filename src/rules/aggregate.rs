@@ -618,29 +618,15 @@ fn add_to_session(
     let new = add_distinct(&st.win_distinct, input, None)?;
     target.acc.add(input.number(), new);
     let value = target.acc.value(a.func);
-    let fire = per_event(a, &mut target.acc, &value, true);
-    let w = Some(WindowRef {
-        start: target.start,
-        end: target.end,
-    });
-    let more = extra(a, &target.acc, "event");
+    if per_event(a, &mut target.acc, &value, true) {
+        let (start, end) = (target.start, target.end);
+        emit_window_event(env, rule, a, ev, &target.acc, value, None, start, end, out)?;
+    }
     env.set_namespace(&sessions_ns);
     env.register_timer((target.end - 1) as u64)?;
     keep.push(target);
     all.open = keep;
     st.sessions.update(&all)?;
-    if fire {
-        let r = record(
-            rule,
-            ev.key,
-            value,
-            w,
-            Some(ev.source),
-            ev.timestamp_ms,
-            more,
-        );
-        env.emit(out, rule, ev.key, &r)?;
-    }
     Ok(())
 }
 

@@ -370,6 +370,39 @@ fn sessions_merge_when_an_event_bridges_them() {
 }
 
 #[test]
+fn a_session_emitting_every_event_reports_the_merged_session() {
+    let mut h = harness(BackendKind::Hashmap, true, 100_000, None);
+    h.rule(agg(
+        "se",
+        1,
+        json!({"fn": "sum", "field": "/x", "emit": "every_event",
+               "window": {"type": "session", "gap": "10s"}}),
+    ));
+    let one = |out: Vec<Value>| {
+        assert_eq!(out.len(), 1, "{out:?}");
+        let o = &out[0];
+        (o["value"].clone(), o["window"].clone(), o["count"].clone())
+    };
+    assert_eq!(
+        one(h.ev("a", json!({"x": 1}), Some(0))),
+        (json!(1.0), json!({"start": 0, "end": 10_000}), json!(1))
+    );
+    assert_eq!(
+        one(h.ev("a", json!({"x": 2}), Some(15_000))),
+        (
+            json!(2.0),
+            json!({"start": 15_000, "end": 25_000}),
+            json!(1)
+        )
+    );
+    // Bridges both: the output is the merged session's.
+    assert_eq!(
+        one(h.ev("a", json!({"x": 1}), Some(8_000))),
+        (json!(4.0), json!({"start": 0, "end": 25_000}), json!(3))
+    );
+}
+
+#[test]
 fn a_closed_windows_distinct_values_are_dropped_and_the_next_window_counts_afresh() {
     let mut h = event_time();
     h.rule(agg(
