@@ -175,8 +175,8 @@ listen = "127.0.0.1:{admin_port}"
 # is J and S-EO beside J-avro and S-EO-avro, the same jobs on the main input's Avro twin
 # (`format = "avro"`, the same events at the same offsets): what decoding Avro costs.
 WORKLOADS = {
-    "S": ("workload", ("P", "J", "S-EO", "S-ALO", "S-EO-10s", "S-EO-heap", "S-EO-grouped", "S-EO-console", "KS", "Q",
-                       "F")),
+    "S": ("workload", ("P", "J", "S-EO", "S-EO-base", "S-ALO", "S-EO-10s", "S-EO-heap", "S-EO-grouped", "S-EO-console",
+                       "KS", "Q", "F")),
     "S-zipf": ("workload", ("S-EO", "KS", "Q", "F")),
     "D": ("dedup", ("S-EO", "KS", "Q", "F")),
     "W": ("window", ("S-EO", "KS", "Q", "F")),
@@ -208,14 +208,14 @@ def contenders(a, workload="S", interval=None):
     interval_ms = str(int(parse_secs(a.interval) * 1000))
 
     def ss(function, interval, guarantee="exactly_once", rules=None, event_time=code == "W", avro=False,
-           backend="rocksdb"):
+           backend="rocksdb", binary=None):
         def launch(run_dir, app, input_topic, output):
             cfg = streamstate_config(a, run_dir, app, input_topic, output, function, interval, guarantee,
                                      rules_topic=rules or rules_topic, event_time=event_time, avro=avro,
                                      backend=backend)
             # One INFO line per checkpoint (its phases), so every run's log can say where
             # its checkpoints' time went.
-            return [a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn,streamstate::job=info"}
+            return [binary or a.streamstate, "run", "--config", str(cfg)], {"RUST_LOG": "warn,streamstate::job=info"}
         return launch
 
     table = {}
@@ -244,6 +244,9 @@ def contenders(a, workload="S", interval=None):
         table["S-EO"] = (contract, False, ss("rules", interval or a.interval))
         if code == "S" and a.console_script:
             table["S-EO-console"] = (contract, False, ss("rules", a.interval))
+        if code == "S" and a.base_streamstate:
+            # An A/B of a change: S-EO on another build, interleaved with this one's runs.
+            table["S-EO-base"] = (contract, False, ss("rules", a.interval, binary=a.base_streamstate))
     if rules_topic_grouped:
         table["S-EO-grouped"] = (contract, False, ss("rules", a.interval, rules=rules_topic_grouped))
     if a.kstreams_jar:
@@ -773,7 +776,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         "(S-EO-seq-et); **AVRO** (J and S-EO on the main input beside J-avro and S-EO-avro on its Avro twin: "
         "the same events at the same offsets, Confluent wire format). Every output is checked by "
         "`bench/check.py` against its own model (the Avro contenders' from the JSON twin).",
-        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-heap S-EO with `state.backend = \"hashmap\"`; "
+        "- Contenders: P, J, S-EO, S-ALO, S-EO-10s streamstate; S-EO-base (when asked for) S-EO on another build; "
+        "S-EO-heap S-EO with `state.backend = \"hashmap\"`; "
         "S-EO-grouped streamstate with one `group_by` rule "
         "for the four per-type sums (`bench/rules-grouped.json`, the same outputs); S-EO-console streamstate with "
         "its web console's Overview open in headless Chromium (on the broker's CPU) for the whole measured window; "
@@ -1023,6 +1027,8 @@ def main():
                     "run does not run (and its latency and recovery figures, without S here) go into the report")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--streamstate", required=True)
+    ap.add_argument("--base-streamstate", default="", help="another streamstate binary: adds S-EO-base, S-EO on "
+                    "it (an A/B of a change in one invocation)")
     ap.add_argument("--kstreams-jar", default=None)
     ap.add_argument("--quix-python", default=None)
     ap.add_argument("--flink-classpath", default=None, help="classpath of bench/flink (bench/flink/build.sh)")

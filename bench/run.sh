@@ -46,6 +46,9 @@
 #                           (unavailable ones are skipped and named; each workload runs those
 #                           that can express it: D, W and S-zipf S-EO, KS, Q, F; SEQ S-EO-seq
 #                           and S-EO-seq-et only; AVRO J, J-avro, S-EO, S-EO-avro)
+#   BENCH_BASE_BIN [""]  another streamstate binary: adds the contender S-EO-base (S-EO run by
+#                           it) to S, for an A/B of a change in one invocation (name it in
+#                           BENCH_CONTENDERS, e.g. S-EO,S-EO-base)
 #   BENCH_WORK [/var/tmp/streamstate-bench]       run dirs, venv, broker home
 #   BENCH_REPORT [BENCHMARKS.md]  BENCH_PLOT [bench/benchmarks.png]  where the report goes
 #   BENCH_BUILD [1]  0: no cargo build; the streamstate, bench-generator and bench-latency
@@ -242,7 +245,7 @@ fi
     --generator "$TARGET/release/bench-generator" --latency "$TARGET/release/bench-latency" \
     --keys "$KEYS" --dist "$DIST" --admin-port "${BENCH_ADMIN_PORT:-19464}" \
     --flink-rest-port "${BENCH_FLINK_REST_PORT:-19481}" --loads "${BENCH_LOADS-0.5,0.8}" --latency-secs "${BENCH_LATENCY_SECS:-30}" \
-    ${BENCH_LATENCY_INPUT:+--latency-input} \
+    ${BENCH_LATENCY_INPUT:+--latency-input} ${BENCH_BASE_BIN:+--base-streamstate "$BENCH_BASE_BIN"} \
     --state-sweep-mb "${BENCH_STATE_SWEEP_MB-100,1000}" --short-interval "${BENCH_SHORT_INTERVAL-200ms}" \
     --report "${BENCH_REPORT:-$ROOT/BENCHMARKS.md}" --plot "${BENCH_PLOT:-$ROOT/bench/benchmarks.png}" \
     "${extra[@]}" "${sweep[@]}" "${avro[@]}"

@@ -16,7 +16,7 @@ use streamstate_state::{
 
 use crate::function::{
     BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext,
-    Output, OutputRecord, ProcessFunction, Rejection, SourceRef,
+    Output, OutputRecord, ProcessFunction, Rejection, SourceRef, Upcoming,
 };
 
 /// Operator state holding each partition's highest event time, so the watermark after a
@@ -238,6 +238,24 @@ impl Driver {
             *seen = (*seen).max(timestamp_ms);
         }
         Ok(self.out.take())
+    }
+
+    /// Starts a batch of input records: the function names the state `events` will
+    /// read and the store fetches it together ([`streamstate_state::batch`]). End it
+    /// with [`Driver::end_batch`].
+    pub fn begin_batch(&mut self, events: &[Upcoming<'_>]) -> Result<(), FunctionError> {
+        self.store.begin_batch();
+        if events.is_empty() || !self.store.reads_ahead() {
+            return Ok(());
+        }
+        let mut ahead = self.store.prefetch_list();
+        self.function.prefetch(events, &mut ahead)?;
+        Ok(self.store.prefetch(ahead)?)
+    }
+
+    /// Ends the batch: what was read ahead for it is dropped.
+    pub fn end_batch(&mut self) {
+        self.store.end_batch();
     }
 
     /// A control update already found newer than the version in force. A rejection

@@ -45,9 +45,9 @@ use serde::Serialize;
 use serde_json::Value;
 use streamstate_state::{
     AggregateFunction, AggregatingState, AggregatingStateDescriptor, BroadcastState, ListState,
-    ListStateDescriptor, MapState, MapStateDescriptor, OperatorListState, ReadOnlyBroadcastState,
-    ReducingState, ReducingStateDescriptor, StateError, StateStore, StateValue, TimeDomain,
-    ValueState, ValueStateDescriptor,
+    ListStateDescriptor, MapState, MapStateDescriptor, OperatorListState, Prefetch,
+    ReadOnlyBroadcastState, ReducingState, ReducingStateDescriptor, StateError, StateStore,
+    StateValue, TimeDomain, ValueState, ValueStateDescriptor,
 };
 
 /// Where an input record came from. Outputs caused by one event name it.
@@ -67,6 +67,14 @@ pub struct Event<'a> {
     /// processing time of the record otherwise.
     pub timestamp_ms: u64,
     pub source: &'a SourceRef,
+}
+
+/// An event of the batch about to be processed, as [`ProcessFunction::prefetch`] sees it
+/// (before the runtime checks its time or key group).
+#[derive(Debug, Clone, Copy)]
+pub struct Upcoming<'a> {
+    pub key: &'a str,
+    pub value: &'a Value,
 }
 
 /// A control-topic record the runtime accepted as newer than the version in force.
@@ -115,6 +123,21 @@ pub trait ProcessFunction: Send {
         ctx: &KeyedContext<'_>,
         out: &mut Output,
     ) -> Result<(), FunctionError>;
+
+    /// The runtime polls records in batches. Before it processes a batch, a function
+    /// may name the keyed state its events will read (with the handles' `prefetch`
+    /// methods, the key being [`Upcoming::key`]), and a backend that reads batches
+    /// faster (RocksDB: one MultiGet) fetches it all at once. Optional and only a
+    /// hint: what is not named is read when asked for, and what is named but not read
+    /// costs one lookup.
+    fn prefetch(
+        &mut self,
+        events: &[Upcoming<'_>],
+        ahead: &mut Prefetch,
+    ) -> Result<(), FunctionError> {
+        let _ = (events, ahead);
+        Ok(())
+    }
 
     /// A newer version of a control-topic entry (or its deletion). Calling
     /// [`Output::reject`] refuses it: the runtime then keeps the previous version in

@@ -171,7 +171,7 @@ impl Metrics {
             processing_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "streamstate_processing_duration_seconds",
-                    "Time to process one input record (decode, state, produce).",
+                    "Time to process one input record (decode, state, produce): a polled batch's time divided by its records, once per record.",
                 )
                 .buckets(prometheus::exponential_buckets(0.000_005, 2.0, 18)?),
             )?,

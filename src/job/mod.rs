@@ -265,18 +265,32 @@ impl Job {
             } else {
                 due.saturating_duration_since(now).min(poll_at_most)
             };
-            let handled = match self.source.consumer().poll(wait) {
+            let consumer = self.source.consumer();
+            let handled = match consumer.poll(wait) {
                 None => self.pipeline.fire_timers(),
                 Some(Ok(msg)) => {
                     let started = Instant::now();
-                    let handled = self
-                        .pipeline
-                        .handle(&msg)
-                        .and_then(|()| self.pipeline.fire_timers());
-                    self.pipeline
-                        .metrics
-                        .processing_duration
-                        .observe(started.elapsed().as_secs_f64());
+                    // What else librdkafka already holds joins the batch, up to its bound.
+                    let mut batch = Vec::with_capacity(pipeline::MAX_BATCH_RECORDS);
+                    batch.push(msg);
+                    while batch.len() < pipeline::MAX_BATCH_RECORDS {
+                        match consumer.poll(Duration::ZERO) {
+                            Some(Ok(msg)) => batch.push(msg),
+                            Some(Err(e)) => {
+                                warn!(error = %e, "consumer error (librdkafka retries by itself)");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    let handled = self.pipeline.handle_batch(&batch);
+                    let per_record = started.elapsed().as_secs_f64() / batch.len() as f64;
+                    for _ in 0..batch.len() {
+                        self.pipeline
+                            .metrics
+                            .processing_duration
+                            .observe(per_record);
+                    }
                     handled
                 }
                 Some(Err(e)) => {

@@ -11,10 +11,10 @@ use tracing::{info, warn};
 use super::JobError;
 use crate::config::{Config, FunctionKind};
 use crate::control::{RuleOutcome, Rules};
-use crate::decode::Decoder;
+use crate::decode::{DecodeError, Decoder, Event};
 use crate::driver::Driver;
 use crate::format::avro::{AvroEncoder, EncodeError};
-use crate::function::{BroadcastUpdate, OutputRecord, SourceRef};
+use crate::function::{BroadcastUpdate, OutputRecord, SourceRef, Upcoming};
 use crate::metrics::Metrics;
 use crate::repartition;
 use crate::sink::Sink;
@@ -42,8 +42,80 @@ pub(super) struct Pipeline {
     pub(super) handled: u64,
 }
 
+/// At most this many records are handled as one batch: the state they read is fetched
+/// together ([`Driver::begin_batch`]). Smaller than Kafka's `max.poll.records` (500):
+/// a batch's decoded events are all alive until it ends, and on S 64 ran ahead of 500
+/// in each of three interleaved pairs (bench/README.md, "Batched state reads"). A batch
+/// never spans a barrier, so it also bounds how late a due checkpoint starts.
+pub(super) const MAX_BATCH_RECORDS: usize = 64;
+
 impl Pipeline {
+    /// One record on its own (the control topic's catch-up).
     pub(super) fn handle(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), JobError> {
+        self.handle_batch(std::slice::from_ref(msg))
+    }
+
+    /// A batch of polled records, in order, with the timers due after each. Input records
+    /// are decoded first so the function can name the state the batch will read; the
+    /// rest is per record. An error ends the batch where it happened (the caller rewinds,
+    /// and the records after it are read again).
+    pub(super) fn handle_batch(&mut self, msgs: &[BorrowedMessage<'_>]) -> Result<(), JobError> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let decoded: Vec<Option<Result<Event, DecodeError>>> = msgs
+            .iter()
+            .map(|msg| {
+                self.takes_decoded(msg)
+                    .then(|| self.decoder.decode_at(msg.payload(), now_ms))
+            })
+            .collect();
+        let upcoming: Vec<Upcoming<'_>> = msgs
+            .iter()
+            .zip(&decoded)
+            .filter(|(msg, _)| !self.forwards(msg.topic()))
+            .filter_map(|(_, d)| match d {
+                Some(Ok(e)) => Some(Upcoming {
+                    key: &e.key,
+                    value: &e.value,
+                }),
+                _ => None,
+            })
+            .collect();
+        let read = self.state.begin_batch(&upcoming);
+        drop(upcoming);
+        let handled = read.map_err(JobError::from).and_then(|()| {
+            for (msg, decoded) in msgs.iter().zip(decoded) {
+                self.handle_one(msg, decoded)?;
+                self.fire_timers()?;
+            }
+            Ok(())
+        });
+        self.state.end_batch();
+        handled
+    }
+
+    /// Whether a record of this topic reaches the decoder: every input but the control
+    /// topic's, unless the job passes records through untouched.
+    fn takes_decoded(&self, msg: &BorrowedMessage<'_>) -> bool {
+        self.config.kafka.control_topic.as_deref() != Some(msg.topic())
+            && self.config.job.function != FunctionKind::Passthrough
+    }
+
+    /// Repartition mode's hop 1: a record of this topic goes to the internal topic, not
+    /// to the function.
+    fn forwards(&self, topic: &str) -> bool {
+        self.repartition
+            .as_deref()
+            .is_some_and(|internal| internal != topic)
+    }
+
+    /// One record; `decoded` is its value when [`Self::takes_decoded`].
+    fn handle_one(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        decoded: Option<Result<Event, DecodeError>>,
+    ) -> Result<(), JobError> {
         self.handled += 1;
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
         if self.config.kafka.control_topic.as_deref() == Some(topic) {
@@ -57,12 +129,12 @@ impl Pipeline {
             .records_consumed
             .with_label_values(&[topic, &partition_label])
             .inc();
-        if self.config.job.function == FunctionKind::Passthrough {
+        let Some(decoded) = decoded else {
             self.pass_through(msg)?;
             self.offsets
                 .insert((topic.to_string(), partition), offset + 1);
             return Ok(());
-        }
+        };
         let read_from = (topic.to_string(), partition);
         let hop2 = self.repartition.as_deref() == Some(topic);
         // A forwarded record names its original input, so functions and dead letters see
@@ -75,8 +147,8 @@ impl Pipeline {
                 partition,
                 offset,
             });
-        match self.decoder.decode(msg.payload()) {
-            Ok(event) if self.repartition.is_some() && !hop2 => {
+        match decoded {
+            Ok(event) if self.forwards(topic) => {
                 self.forward(msg, &event.key, &source)?;
             }
             Ok(event) => {

@@ -12,7 +12,8 @@ use super::output::{Field, record};
 use super::spec::{DedupSpec, Rule};
 use super::window::{self, namespace};
 use super::{Env, States};
-use crate::function::{Event, FunctionError, Output};
+use crate::function::{Event, FunctionError, Output, Upcoming};
+use streamstate_state::Prefetch;
 
 pub(crate) fn on_event(
     env: &Env<'_, '_>,
@@ -45,4 +46,21 @@ pub(crate) fn on_event(
             env.emit(out, rule, ev.key, &r)
         }
     }
+}
+
+/// Names the entry [`on_event`] will read for `ev`, for the batch's read-ahead.
+pub(crate) fn prefetch(
+    st: &mut States,
+    rule: &Rule,
+    d: &DedupSpec,
+    ev: &Upcoming<'_>,
+    ahead: &mut Prefetch,
+) -> Result<(), FunctionError> {
+    let Some(v) = d.field.resolve(ev.value) else {
+        return Ok(());
+    };
+    let ns = namespace(&rule.id, rule.version, window::DEDUP, None);
+    Ok(st
+        .dedup(d.ttl_ms)?
+        .prefetch(ahead, ev.key.as_bytes(), &ns, &v.to_string())?)
 }

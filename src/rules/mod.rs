@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use streamstate_state::{
-    MapState, MapStateDescriptor, StateStore, TimeDomain, TtlConfig, ValueState,
+    MapState, MapStateDescriptor, Prefetch, StateStore, TimeDomain, TtlConfig, ValueState,
     ValueStateDescriptor,
 };
 
@@ -45,7 +45,7 @@ use crate::config::Config;
 use crate::control::StoredRule;
 use crate::function::{
     BroadcastContext, BroadcastUpdate, Event, FiredTimer, FunctionError, KeyedContext, OpenContext,
-    Output, ProcessFunction,
+    Output, ProcessFunction, Upcoming,
 };
 use crate::metrics::Metrics;
 
@@ -431,6 +431,38 @@ impl ProcessFunction for RuleEngine {
         let in_force = |id: &str, version| rules.get(id).is_some_and(|l| l.rule.version == version);
         states.running.finish(in_force)?;
         states.windows.finish(in_force)
+    }
+
+    /// The state the S-style rules read for every event: the key's running value (when
+    /// a running, un-grouped aggregate matches) and each matching dedup rule's entry.
+    /// Windows, groups, sequences and anomaly models are read as they are needed.
+    fn prefetch(
+        &mut self,
+        events: &[Upcoming<'_>],
+        ahead: &mut Prefetch,
+    ) -> Result<(), FunctionError> {
+        let states = self.states.as_mut().ok_or(FunctionError::NotOpen)?;
+        for ev in events {
+            let mut running = false;
+            for Live { rule, .. } in self.rules.values() {
+                if rule.filter.as_ref().is_some_and(|f| !f.eval(ev.value)) {
+                    continue;
+                }
+                match &rule.kind {
+                    Kind::Aggregate(a)
+                        if a.window == spec::WindowSpec::Running && a.group_by.is_none() =>
+                    {
+                        running = true;
+                    }
+                    Kind::Dedup(d) => dedup::prefetch(states, rule, d, ev, ahead)?,
+                    _ => {}
+                }
+            }
+            if running {
+                states.running.prefetch(ahead, ev.key)?;
+            }
+        }
+        Ok(())
     }
 
     fn process_broadcast_element(

@@ -17,7 +17,7 @@
 //! finds no entry here reads the old one, moves it here and deletes it.
 
 use serde::{Deserialize, Serialize};
-use streamstate_state::{StateStore, ValueState};
+use streamstate_state::{Prefetch, StateStore, ValueState};
 
 use super::aggregate::Acc;
 use super::spec::Rule;
@@ -71,6 +71,11 @@ impl Batch {
             loaded: false,
             dirty: false,
         }
+    }
+
+    /// Names the combined value of `key` for the batch's read-ahead.
+    pub fn prefetch(&self, ahead: &mut Prefetch, key: &str) -> Result<(), FunctionError> {
+        Ok(self.state.prefetch(ahead, key.as_bytes(), NAMESPACE)?)
     }
 
     /// Forgets what the previous event loaded (the key changes between events).

@@ -32,7 +32,10 @@
 //! - [`CachedBackend::replace`] (restore, reset) drops every entry, dirty or
 //!   not: live state then comes only from the new backend.
 //!
-//! Capacity 0 turns the cache off: every call goes straight to the backend.
+//! Capacity 0 turns the cache off: every call goes straight to the backend,
+//! except reads that a batch's read-ahead ([`crate::ahead`]) already answered.
+//! [`CachedBackend::prefetch`] fills the cache when it is on, the read-ahead
+//! when it is off.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -40,6 +43,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ahead::{ReadAhead, Written};
 use crate::backend::{
     BackendKind, BatchOp, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject,
 };
@@ -119,6 +123,8 @@ pub(crate) struct CachedBackend {
     /// CLOCK hand: eviction resumes at the first key at or after this one.
     hand: Vec<u8>,
     stats: CacheStats,
+    /// With the cache off: the open batch's read-ahead.
+    ahead: ReadAhead,
 }
 
 impl CachedBackend {
@@ -131,12 +137,62 @@ impl CachedBackend {
             bytes: 0,
             hand: Vec::new(),
             stats: CacheStats::default(),
+            ahead: ReadAhead::default(),
         }
     }
 
     #[inline]
     fn enabled(&self) -> bool {
         self.capacity > 0
+    }
+
+    /// Starts a batch of records: with the cache off, on a backend that reads
+    /// batches faster, [`Self::prefetch`] reads ahead for it.
+    pub fn begin_batch(&mut self) {
+        let pays = !self.enabled() && self.inner.batches_pay() && !self.inner.keeps_objects();
+        self.ahead.begin(pays);
+    }
+
+    /// Ends the batch: what was read ahead for it is dropped.
+    pub fn end_batch(&mut self) {
+        self.ahead.end();
+    }
+
+    /// Whether [`Self::prefetch`] would read anything now.
+    pub fn holds_reads(&self) -> bool {
+        self.enabled() || self.ahead.is_open()
+    }
+
+    /// Reads `keys` that the cache (or the batch's read-ahead) does not hold
+    /// with one `get_many` and keeps the answers, absences included, so the
+    /// reads that follow are answered from memory. Nothing is read while the
+    /// cache is off and no batch reads ahead.
+    pub fn prefetch(&mut self, keys: Vec<Vec<u8>>) -> Result<()> {
+        if !self.enabled() {
+            let fetched = self.ahead.fetch(self.inner.as_mut(), keys)?;
+            self.stats.misses += fetched;
+            return Ok(());
+        }
+        let mut keys = keys;
+        keys.sort_unstable();
+        keys.dedup();
+        let wanted: Vec<&[u8]> = keys
+            .iter()
+            .map(Vec::as_slice)
+            .filter(|k| !self.map.contains_key(*k))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let mut answers: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
+        self.inner
+            .get_many(&wanted, &mut |i, v| answers[i] = v.map(<[u8]>::to_vec))?;
+        self.stats.misses += wanted.len() as u64;
+        for (k, v) in wanted.into_iter().zip(answers) {
+            let slot = v.map_or(Slot::Absent, Slot::Value);
+            self.insert(k, slot, false)?;
+        }
+        Ok(())
     }
 
     /// Swaps in a new backend (restore, reset) and drops every cached entry,
@@ -146,6 +202,7 @@ impl CachedBackend {
         self.dirty.clear();
         self.bytes = 0;
         self.hand.clear();
+        self.ahead.end();
         std::mem::replace(&mut self.inner, inner)
     }
 
@@ -339,6 +396,10 @@ impl KvBackend for CachedBackend {
 
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         if !self.enabled() {
+            if let Some(found) = self.ahead.get(key, out) {
+                self.stats.hits += 1;
+                return Ok(found);
+            }
             return self.inner.get(key, out);
         }
         if let Some(e) = self.map.get_mut(key) {
@@ -384,7 +445,16 @@ impl KvBackend for CachedBackend {
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         if !self.enabled() {
-            return self.inner.put(key, value);
+            let written = self.inner.put(key, value);
+            self.ahead.wrote(
+                key,
+                if written.is_ok() {
+                    Written::Value(value)
+                } else {
+                    Written::Unknown
+                },
+            );
+            return written;
         }
         if let Some(e) = self.map.get_mut(key) {
             mark_dirty(&mut self.dirty, e, key);
@@ -402,7 +472,16 @@ impl KvBackend for CachedBackend {
 
     fn delete(&mut self, key: &[u8]) -> Result<()> {
         if !self.enabled() {
-            return self.inner.delete(key);
+            let written = self.inner.delete(key);
+            self.ahead.wrote(
+                key,
+                if written.is_ok() {
+                    Written::Deleted
+                } else {
+                    Written::Unknown
+                },
+            );
+            return written;
         }
         if self.map.contains_key(key) {
             return self.set_slot(key, Slot::Absent);
@@ -412,6 +491,7 @@ impl KvBackend for CachedBackend {
 
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()> {
         if !self.enabled() {
+            self.ahead.wrote(key, Written::Unknown);
             return self.inner.append(key, bytes);
         }
         if let Some(e) = self.map.get_mut(key) {
@@ -487,6 +567,9 @@ impl KvBackend for CachedBackend {
     /// Bulk writes (restore, schema migration) go straight to the backend; any
     /// cached entry for those keys is superseded and dropped.
     fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (k, _) in entries {
+            self.ahead.wrote(k, Written::Unknown);
+        }
         if self.enabled() && !self.map.is_empty() {
             for (k, _) in entries {
                 if let Some(e) = self.map.remove(k) {
@@ -590,6 +673,7 @@ mod tests {
         Delete(Vec<u8>),
         Append(Vec<u8>),
         Batch(Vec<Vec<u8>>),
+        GetMany(Vec<Vec<u8>>),
         Snapshot,
     }
 
@@ -606,6 +690,20 @@ mod tests {
         fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
             self.calls.lock().push(Call::Get(key.to_vec()));
             self.heap.get(key, out)
+        }
+        fn get_many(
+            &mut self,
+            keys: &[&[u8]],
+            found: &mut dyn FnMut(usize, Option<&[u8]>),
+        ) -> Result<()> {
+            self.calls
+                .lock()
+                .push(Call::GetMany(keys.iter().map(|k| k.to_vec()).collect()));
+            self.heap.get_many(keys, found)
+        }
+        /// As RocksDB's: the cache batches in front of it.
+        fn batches_pay(&self) -> bool {
+            true
         }
         fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
             self.calls.lock().push(Call::Put(key.to_vec()));
@@ -665,6 +763,80 @@ mod tests {
         })
         .unwrap();
         out
+    }
+
+    #[test]
+    fn a_batch_reads_ahead_in_one_call_and_writes_through() {
+        let (mut c, calls) = cached(0);
+        c.put(b"k1", b"one").unwrap();
+        calls.lock().clear();
+        c.begin_batch();
+        c.prefetch(vec![b"k2".to_vec(), b"k1".to_vec(), b"k2".to_vec()])
+            .unwrap();
+        assert_eq!(
+            *calls.lock(),
+            vec![Call::GetMany(vec![b"k1".to_vec(), b"k2".to_vec()])],
+            "one read of the sorted, distinct keys"
+        );
+        let mut buf = Vec::new();
+        assert!(c.get(b"k1", &mut buf).unwrap());
+        assert_eq!(buf, b"one");
+        assert!(!c.get(b"k2", &mut buf).unwrap(), "a remembered absence");
+        c.put(b"k2", b"two").unwrap();
+        c.delete(b"k1").unwrap();
+        assert!(c.get(b"k2", &mut buf).unwrap(), "read-your-writes");
+        assert_eq!(buf, b"two");
+        assert!(!c.get(b"k1", &mut buf).unwrap(), "a delete is seen");
+        c.append(b"k2", b"+").unwrap();
+        assert!(c.get(b"k2", &mut buf).unwrap());
+        assert_eq!(buf, b"two+", "an append is read from the backend");
+        assert_eq!(
+            calls.lock()[1..],
+            [
+                Call::Put(b"k2".to_vec()),
+                Call::Delete(b"k1".to_vec()),
+                Call::Append(b"k2".to_vec()),
+                Call::Get(b"k2".to_vec()),
+            ],
+            "writes went through at once; only the appended key was read again"
+        );
+        c.end_batch();
+        calls.lock().clear();
+        assert!(!c.get(b"k1", &mut buf).unwrap());
+        assert_eq!(
+            *calls.lock(),
+            vec![Call::Get(b"k1".to_vec())],
+            "after the batch every read goes through"
+        );
+    }
+
+    #[test]
+    fn a_batch_on_a_backend_that_does_not_gain_from_it_changes_nothing() {
+        let mut c = CachedBackend::new(Box::new(HeapBackend::new()), 0);
+        c.begin_batch();
+        assert!(!c.holds_reads());
+        c.prefetch(vec![b"k".to_vec()]).unwrap();
+        c.put(b"k", b"v").unwrap();
+        assert_eq!(c.stats(), CacheStats::default(), "nothing read ahead");
+        assert_eq!(c.inner.approximate_len().unwrap(), 1, "written through");
+        c.end_batch();
+    }
+
+    #[test]
+    fn replace_drops_what_a_batch_read_ahead() {
+        let (mut c, calls) = cached(0);
+        c.put(b"k", b"old").unwrap();
+        c.begin_batch();
+        c.prefetch(vec![b"k".to_vec()]).unwrap();
+        let old = c.replace(Box::new(HeapBackend::new()));
+        let mut buf = Vec::new();
+        assert!(!c.get(b"k", &mut buf).unwrap(), "the new backend's answer");
+        drop(old);
+        assert_eq!(
+            calls.lock().len(),
+            2,
+            "the old backend saw the put and the read-ahead"
+        );
     }
 
     #[test]

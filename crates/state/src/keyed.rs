@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::backend::KvBackend;
+use crate::batch::Prefetch;
 use crate::codec::{JsonCodec, StateValue, de, decode_json, ser_append};
 use crate::descriptor::*;
 use crate::error::Result;
@@ -160,6 +161,11 @@ impl<T: StateValue + Clone> ValueState<T> {
         let g = &mut *g;
         g.backend.delete(&g.kbuf)
     }
+    /// Names this state's value at `key` and `namespace` for a batch's read-ahead
+    /// ([`crate::batch`]).
+    pub fn prefetch(&self, list: &mut Prefetch, key: &[u8], namespace: &[u8]) -> Result<()> {
+        list.add(&self.meta, key, namespace, |_| Ok(()))
+    }
 }
 
 /// A list per key and namespace; TTL is per element.
@@ -260,6 +266,19 @@ impl<K: StateValue, V: StateValue> MapState<K, V> {
             self.put(k, v)?;
         }
         Ok(())
+    }
+    /// Names the entry `user_key` of this map at `key` and `namespace` for a batch's
+    /// read-ahead ([`crate::batch`]).
+    pub fn prefetch(
+        &self,
+        list: &mut Prefetch,
+        key: &[u8],
+        namespace: &[u8],
+        user_key: &K,
+    ) -> Result<()> {
+        list.add(&self.meta, key, namespace, |k| {
+            ser_append(k, user_key, &self.meta.name)
+        })
     }
     pub fn remove(&self, key: &K) -> Result<()> {
         let mut g = self.store.lock();

@@ -19,6 +19,8 @@
 //! | [`backend`] | the engine trait and its `hashmap` and `rocksdb` implementations |
 //! | [`codec`] | how values are stored (postcard) and shown (JSON) |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
+//! | [`batch`] | a batch of records: the state its events will read, named before they run |
+//! | `ahead` | a batch's read-ahead: one batched MultiGet, kept until the batch ends |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
 //! | [`files`] | a snapshot's files: listing (size, SHA-256), verification, the SST hash cache |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |
@@ -90,7 +92,9 @@
 //! storage keys put the key group first so a key-group range is one
 //! contiguous scan; see [`layout`] and [`snapshot`] for the on-disk formats.
 
+mod ahead;
 pub mod backend;
+pub mod batch;
 pub mod cache;
 pub mod clock;
 pub mod codec;
@@ -112,6 +116,7 @@ pub mod timers;
 pub mod ttl;
 
 pub use backend::BackendKind;
+pub use batch::Prefetch;
 pub use cache::{CacheStats, DEFAULT_CACHE_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::StateValue;

@@ -204,9 +204,18 @@ fn restore_and_reset_drop_dirty_entries() {
 }
 
 /// The same operations (every state kind, TTL, namespaces, timers, clears)
-/// against one store; returns its savepoint's keyed-state checksum and the
-/// state lookup of every key, read before the barrier.
-fn run_workload(env: &Env, kind: BackendKind, name: &str, cache: u64) -> (String, Vec<String>) {
+/// against one store; returns its savepoint's keyed-state checksum, and the
+/// state lookup of every key (read before the barrier) followed by what every
+/// read in the workload saw. With `batch`, steps run
+/// in batches of that many, each reading ahead the value and map entry its
+/// steps touch (and some they do not), as the job loop runs polled records.
+fn run_workload(
+    env: &Env,
+    kind: BackendKind,
+    name: &str,
+    cache: u64,
+    batch: Option<u64>,
+) -> (String, Vec<String>) {
     env.clock.set(1_000_000);
     let s = open(env, kind, name, cache);
     let ttl = TtlConfig::new(Duration::from_millis(50))
@@ -224,20 +233,40 @@ fn run_workload(env: &Env, kind: BackendKind, name: &str, cache: u64) -> (String
     let r = s
         .reducing_state(&ReducingStateDescriptor::new("r", |a: &u64, b: &u64| a + b))
         .unwrap();
+    let key_of = |step: u64| key((step * 7919) % 37);
+    // What every read saw, in order: part of what must not depend on the cache.
+    let mut reads = Vec::new();
     for step in 0..2000u64 {
+        if let Some(n) = batch.filter(|n| step % n == 0) {
+            s.end_batch();
+            s.begin_batch();
+            let mut ahead = s.prefetch_list();
+            for ahead_step in step..step + n + 3 {
+                let ns = [(ahead_step % 3) as u8];
+                v.prefetch(&mut ahead, &key_of(ahead_step), &ns).unwrap();
+                m.prefetch(
+                    &mut ahead,
+                    &key_of(ahead_step),
+                    &ns,
+                    &((ahead_step % 5) as u32),
+                )
+                .unwrap();
+            }
+            s.prefetch(ahead).unwrap();
+        }
         env.clock.advance(step % 3);
         let k = (step * 7919) % 37;
         s.set_current_key(&key(k)).unwrap();
         s.set_current_namespace(&[(step % 3) as u8]);
         match step % 9 {
             0 => v.update(&step).unwrap(),
-            1 => {
-                v.value().unwrap();
-            }
+            1 => reads.push(format!(
+                "{:?} {:?}",
+                v.value().unwrap(),
+                m.get(&((step % 5) as u32)).unwrap()
+            )),
             2 => l.add(&step).unwrap(),
-            3 => {
-                l.get().unwrap();
-            }
+            3 => reads.push(format!("{:?}", l.get().unwrap())),
             4 => m.put(&((step % 5) as u32), &step).unwrap(),
             5 => m.remove(&((step % 5) as u32)).unwrap(),
             6 => r.add(&step).unwrap(),
@@ -246,14 +275,14 @@ fn run_workload(env: &Env, kind: BackendKind, name: &str, cache: u64) -> (String
                 v.clear().unwrap();
                 m.clear().unwrap();
             }
-            _ => {
-                m.entries().unwrap();
-            }
+            _ => reads.push(format!("{:?}", m.entries().unwrap())),
         }
     }
     s.pop_due_timers(TimeDomain::EventTime, 50).unwrap();
+    s.end_batch();
     let lookups = (0..37)
         .map(|k| format!("{:?}", s.key_state_json(&key(k)).unwrap()))
+        .chain(reads)
         .collect();
     let sp = s
         .write_savepoint(1, &env.path(&format!("{name}-sp")))
@@ -269,12 +298,26 @@ fn run_workload(env: &Env, kind: BackendKind, name: &str, cache: u64) -> (String
 }
 
 #[test]
-fn savepoints_and_state_lookups_are_identical_with_the_cache_on_and_off() {
+fn savepoints_and_state_lookups_are_identical_with_the_cache_on_and_off_and_in_batches() {
     for kind in [BackendKind::Hashmap, BackendKind::Rocksdb] {
         let env = Env::new();
-        let off = run_workload(&env, kind, "off", 0);
-        let on = run_workload(&env, kind, "on", DEFAULT_CACHE_BYTES);
-        let tiny = run_workload(&env, kind, "tiny", TINY_CACHE_BYTES);
+        let off = run_workload(&env, kind, "off", 0, None);
+        let on = run_workload(&env, kind, "on", DEFAULT_CACHE_BYTES, None);
+        let tiny = run_workload(&env, kind, "tiny", TINY_CACHE_BYTES, None);
+        let batched = run_workload(&env, kind, "batched", 0, Some(16));
+        let batched_on = run_workload(&env, kind, "batched-on", DEFAULT_CACHE_BYTES, Some(16));
+        assert_eq!(
+            batched.1, off.1,
+            "{kind:?}: state lookups differ when run in batches"
+        );
+        assert_eq!(
+            batched.0, off.0,
+            "{kind:?}: savepoint bytes differ when run in batches"
+        );
+        assert_eq!(
+            batched_on, off,
+            "{kind:?}: state differs when run in batches with the cache on"
+        );
         assert!(off.1.iter().any(|l| l != "None"), "the workload left state");
         assert_eq!(
             on.1, off.1,

@@ -103,11 +103,41 @@ pub enum Lookup {
     Object(SharedObject),
 }
 
+/// [`KvBackend::get_many`] one key at a time.
+pub(crate) fn get_each<B: KvBackend + ?Sized>(
+    backend: &mut B,
+    keys: &[&[u8]],
+    found: &mut dyn FnMut(usize, Option<&[u8]>),
+) -> Result<()> {
+    let mut out = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let hit = backend.get(k, &mut out)?;
+        found(i, hit.then_some(out.as_slice()));
+    }
+    Ok(())
+}
+
 /// An ordered key/value engine.
 pub trait KvBackend: Send {
     fn kind(&self) -> BackendKind;
     /// Copies the value into `out` (reused by the caller to avoid allocating).
     fn get(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<bool>;
+    /// Reads `keys` (sorted, no repeats) at once, handing each answer to `found` with the
+    /// key's index. One by one unless the backend reads batches faster
+    /// ([`KvBackend::batches_pay`]).
+    fn get_many(
+        &mut self,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, Option<&[u8]>),
+    ) -> Result<()> {
+        get_each(self, keys, found)
+    }
+    /// Whether reading a batch of keys together costs less per key than one call each:
+    /// then the store reads ahead for a batch of events ([`crate::StateStore::begin_batch`]).
+    /// False for an in-memory map, where each read is already a hash lookup.
+    fn batches_pay(&self) -> bool {
+        false
+    }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
     fn delete(&mut self, key: &[u8]) -> Result<()>;
     /// Appends `bytes` to the value at `key` (creating it). Lists use this.
