@@ -63,13 +63,20 @@ impl Pipeline {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let decoded: Vec<Option<Result<Event, DecodeError>>> = msgs
-            .iter()
-            .map(|msg| {
-                self.takes_decoded(msg)
-                    .then(|| self.decoder.decode_at(msg.payload(), now_ms))
-            })
-            .collect();
+        let mut decoded: Vec<Option<Result<Event, DecodeError>>> = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            let d = self
+                .takes_decoded(msg)
+                .then(|| self.decoder.decode_at(msg.payload(), now_ms));
+            let registry_away = matches!(&d, Some(Err(e)) if e.is_transient());
+            decoded.push(d);
+            // Each decode would wait out the registry's retries again, and handling stops
+            // at this record anyway (the epochs rewind): leave the rest undecoded.
+            if registry_away {
+                break;
+            }
+        }
+        let msgs = &msgs[..decoded.len()];
         let upcoming: Vec<Upcoming<'_>> = msgs
             .iter()
             .zip(&decoded)

@@ -61,10 +61,13 @@ fn default_cache_bytes() -> u64 {
 }
 
 /// Off for both backends. `state_bench` measured the cache on `rocksdb` at 1.78x
-/// the events/s with 10k hot keys but 0.5x with 1M keys where almost every event
-/// is a new key (misses allocate, eviction churns, and the barrier write-back grew
-/// to ~1 s), and slower on `hashmap`, whose heap map gains nothing from a second
-/// one in front. Turn it on (e.g. [`crate::DEFAULT_CACHE_BYTES`]) for hot keys.
+/// the events/s with 10k hot keys and six value states per event, but 0.5x with 1M
+/// keys where almost every event is a new key (misses allocate, eviction churns,
+/// and the barrier write-back grew to ~1 s), and slower on `hashmap`, whose heap map
+/// gains nothing from a second one in front. With one value state per event (the rule
+/// engine's combined value) it is slower at 10k keys too (0.71x). A batch's
+/// read-ahead ([`crate::batch`]) gives the reads their batching without it. Turn it
+/// on (e.g. [`crate::DEFAULT_CACHE_BYTES`]) for hot keys read many times per epoch.
 pub fn default_cache_bytes_for(backend: BackendKind) -> u64 {
     match backend {
         BackendKind::Rocksdb | BackendKind::Hashmap => default_cache_bytes(),
