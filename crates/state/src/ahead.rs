@@ -14,6 +14,25 @@ use std::collections::HashMap;
 use crate::backend::KvBackend;
 use crate::error::Result;
 
+/// Reads `keys` (any order, repeats allowed) with one sorted `get_many`: each distinct
+/// key with its stored value, `None` where there is none.
+pub(crate) fn read_many(
+    backend: &mut dyn KvBackend,
+    mut keys: Vec<Vec<u8>>,
+) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>> {
+    keys.sort_unstable();
+    keys.dedup();
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut answers: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+    {
+        let wanted: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        backend.get_many(&wanted, &mut |i, v| answers[i] = v.map(<[u8]>::to_vec))?;
+    }
+    Ok(keys.into_iter().zip(answers).collect())
+}
+
 #[derive(Default)]
 pub(crate) struct ReadAhead {
     open: bool,
@@ -45,19 +64,10 @@ impl ReadAhead {
             return Ok(0);
         }
         keys.retain(|k| !self.values.contains_key(k));
-        keys.sort_unstable();
-        keys.dedup();
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let mut answers: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        {
-            let wanted: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            backend.get_many(&wanted, &mut |i, v| answers[i] = v.map(<[u8]>::to_vec))?;
-        }
-        let fetched = keys.len() as u64;
-        self.values.extend(keys.into_iter().zip(answers));
-        Ok(fetched)
+        let fetched = read_many(backend, keys)?;
+        let n = fetched.len() as u64;
+        self.values.extend(fetched);
+        Ok(n)
     }
 
     /// The stored value at `key` if the read-ahead holds it: `Some(true)` with

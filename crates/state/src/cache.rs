@@ -43,7 +43,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ahead::{ReadAhead, Written};
+use crate::ahead::{ReadAhead, Written, read_many};
 use crate::backend::{
     BackendKind, BatchOp, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject,
 };
@@ -174,23 +174,11 @@ impl CachedBackend {
             return Ok(());
         }
         let mut keys = keys;
-        keys.sort_unstable();
-        keys.dedup();
-        let wanted: Vec<&[u8]> = keys
-            .iter()
-            .map(Vec::as_slice)
-            .filter(|k| !self.map.contains_key(*k))
-            .collect();
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let mut answers: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
-        self.inner
-            .get_many(&wanted, &mut |i, v| answers[i] = v.map(<[u8]>::to_vec))?;
-        self.stats.misses += wanted.len() as u64;
-        for (k, v) in wanted.into_iter().zip(answers) {
-            let slot = v.map_or(Slot::Absent, Slot::Value);
-            self.insert(k, slot, false)?;
+        keys.retain(|k| !self.map.contains_key(k.as_slice()));
+        let fetched = read_many(self.inner.as_mut(), keys)?;
+        self.stats.misses += fetched.len() as u64;
+        for (k, v) in fetched {
+            self.insert(&k, v.map_or(Slot::Absent, Slot::Value), false)?;
         }
         Ok(())
     }
