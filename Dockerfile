@@ -11,7 +11,8 @@
 # the list (CI has no Docker engine) by running the binary on those packages alone.
 
 FROM rust:1.88-bookworm AS chef
-# Build tools for librocksdb-sys (bindgen, C++) and librdkafka (cmake, OpenSSL, zlib).
+# Build tools for librocksdb-sys (bindgen, C++) and librdkafka (cmake, OpenSSL, zlib);
+# jemalloc (tikv-jemalloc-sys) builds with the base image's make.
 # Versions are not pinned: the stage tracks bookworm's security updates.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -171,8 +171,13 @@ impl Driver {
         timestamp_ms: Option<u64>,
         source: &SourceRef,
     ) -> Result<Produced, FunctionError> {
-        let read_from = (source.topic.clone(), source.partition);
-        self.element_from(&read_from, key, value, timestamp_ms, source)
+        self.element_from(
+            (&source.topic, source.partition),
+            key,
+            value,
+            timestamp_ms,
+            source,
+        )
     }
 
     /// [`Driver::element`] for an event read from `read_from`, which is not where it was
@@ -180,7 +185,7 @@ impl Driver {
     /// watermark is the internal topic's partition this instance reads.
     pub fn element_from(
         &mut self,
-        read_from: &(String, i32),
+        read_from: (&str, i32),
         key: &str,
         value: &Value,
         timestamp_ms: Option<u64>,
@@ -229,7 +234,7 @@ impl Driver {
         self.store.set_current_namespace(&[]);
         result?;
         if self.event_time.enabled {
-            let partition = read_from.clone();
+            let partition = (read_from.0.to_string(), read_from.1);
             if self.event_time.idle_timeout.is_some() {
                 self.last_event_at
                     .insert(partition.clone(), self.store.now_ms());

@@ -343,6 +343,10 @@ pub struct Rejection {
 pub struct Output {
     records: Vec<OutputRecord>,
     rejection: Option<Rejection>,
+    /// The last JSON record's length. A function's records are alike in size, so the
+    /// next one's buffer starts there rather than growing from a few bytes by doubling
+    /// (about six reallocations for a 300-byte record, a visible share of S-EO's malloc).
+    last_len: usize,
 }
 
 impl Output {
@@ -358,11 +362,14 @@ impl Output {
         key: &str,
         value: &impl Serialize,
     ) -> Result<(), FunctionError> {
-        let value = serde_json::to_vec(value)?;
+        // Some slack: the next record is often a few bytes longer (a bigger count).
+        let mut json = Vec::with_capacity(self.last_len + 64);
+        serde_json::to_writer(&mut json, value)?;
+        self.last_len = json.len();
         self.records.push(OutputRecord {
             topic: topic.map(str::to_string),
             key: Some(key.as_bytes().to_vec()),
-            value,
+            value: json,
         });
         Ok(())
     }

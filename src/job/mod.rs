@@ -9,6 +9,7 @@
 //!
 //! - [`start`]: connect, fence, restore;
 //! - [`pipeline`]: what happens to each record;
+//! - [`counters`]: the per-record counters' handles, fetched once;
 //! - [`barrier`]: the synchronous part of a checkpoint, and what a completed one records;
 //! - [`serve`]: admin requests, savepoints, shutdown, observation.
 
@@ -31,6 +32,7 @@ use crate::{repartition, rescale};
 use streamstate_state::{KeyGroupRange, KeyGroups};
 
 mod barrier;
+mod counters;
 mod pipeline;
 mod serve;
 mod start;

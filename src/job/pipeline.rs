@@ -18,13 +18,16 @@ use crate::function::{BroadcastUpdate, OutputRecord, SourceRef, Upcoming};
 use crate::metrics::Metrics;
 use crate::repartition;
 use crate::sink::Sink;
-use crate::source::Offsets;
+use crate::source::{self, Offsets};
+
+use super::counters::RecordCounters;
 
 /// Everything downstream of the consumer; split from [`super::Job`] so a message borrowed from
 /// the consumer can be handled without copying it.
 pub(super) struct Pipeline {
     pub(super) config: Config,
     pub(super) metrics: Metrics,
+    pub(super) counters: RecordCounters,
     pub(super) decoder: Decoder,
     /// `job.output_format = "avro"`: outputs are encoded with their topic's schema.
     pub(super) encoder: Option<AvroEncoder>,
@@ -127,22 +130,15 @@ impl Pipeline {
         let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
         if self.config.kafka.control_topic.as_deref() == Some(topic) {
             self.handle_control(msg)?;
-            self.control_offsets
-                .insert((topic.to_string(), partition), offset + 1);
+            source::advance(&mut self.control_offsets, topic, partition, offset + 1);
             return Ok(());
         }
-        let partition_label = partition.to_string();
-        self.metrics
-            .records_consumed
-            .with_label_values(&[topic, &partition_label])
-            .inc();
+        self.counters.consumed(topic, partition);
         let Some(decoded) = decoded else {
             self.pass_through(msg)?;
-            self.offsets
-                .insert((topic.to_string(), partition), offset + 1);
+            source::advance(&mut self.offsets, topic, partition, offset + 1);
             return Ok(());
         };
-        let read_from = (topic.to_string(), partition);
         let hop2 = self.repartition.as_deref() == Some(topic);
         // A forwarded record names its original input, so functions and dead letters see
         // where it was first written, not the internal topic.
@@ -160,7 +156,7 @@ impl Pipeline {
             }
             Ok(event) => {
                 let (records, rejection) = self.state.element_from(
-                    &read_from,
+                    (topic, partition),
                     &event.key,
                     &event.value,
                     event.timestamp_ms,
@@ -185,10 +181,7 @@ impl Pipeline {
                 };
                 if let Some(r) = rejection {
                     self.dead_letter(msg, &source, r.reason, &r.message)?;
-                    self.metrics
-                        .records_dead_lettered
-                        .with_label_values(&[topic, &partition_label, r.reason])
-                        .inc();
+                    self.count_dead_letter(topic, partition, r.reason);
                 }
             }
             // The registry is away: the record is not consumed, and the epoch is aborted
@@ -196,16 +189,19 @@ impl Pipeline {
             Err(err) if err.is_transient() => return Err(JobError::Registry(err.to_string())),
             Err(err) => {
                 self.dead_letter(msg, &source, err.reason(), &err.to_string())?;
-                self.metrics
-                    .records_dead_lettered
-                    .with_label_values(&[topic, &partition_label, err.reason()])
-                    .inc();
+                self.count_dead_letter(topic, partition, err.reason());
             }
         }
-        self.offsets
-            .insert((topic.to_string(), partition), offset + 1);
+        source::advance(&mut self.offsets, topic, partition, offset + 1);
         crash_point!("mid-batch");
         Ok(())
+    }
+
+    fn count_dead_letter(&self, topic: &str, partition: i32, reason: &str) {
+        self.metrics
+            .records_dead_lettered
+            .with_label_values(&[topic, &partition.to_string(), reason])
+            .inc();
     }
 
     /// A control record: the runtime checks the version, the function accepts or refuses
@@ -308,10 +304,7 @@ impl Pipeline {
             repartition::forward_headers(msg.headers(), source),
             msg.timestamp().to_millis(),
         )?;
-        self.metrics
-            .records_produced
-            .with_label_values(&[internal])
-            .inc();
+        self.counters.produced(internal);
         Ok(())
     }
 
@@ -331,33 +324,33 @@ impl Pipeline {
         }
     }
 
-    /// Each record with its topic, its value in the output format.
-    fn encode(
-        &self,
-        records: Vec<OutputRecord>,
-    ) -> Result<Vec<(OutputRecord, String)>, EncodeError> {
+    /// Where a record goes: its own topic, or `[kafka] output_topic`.
+    fn topic_of<'a>(&'a self, r: &'a OutputRecord) -> &'a str {
+        r.topic
+            .as_deref()
+            .unwrap_or(&self.config.kafka.output_topic)
+    }
+
+    /// The records with their values in the output format (JSON as they are; Avro
+    /// encoded with their topic's schema).
+    fn encode(&self, records: Vec<OutputRecord>) -> Result<Vec<OutputRecord>, EncodeError> {
+        let Some(e) = &self.encoder else {
+            return Ok(records);
+        };
         records
             .into_iter()
             .map(|mut r| {
-                let topic = r
-                    .topic
-                    .clone()
-                    .unwrap_or_else(|| self.config.kafka.output_topic.clone());
-                if let Some(e) = &self.encoder {
-                    r.value = e.encode(&topic, &r.value)?;
-                }
-                Ok((r, topic))
+                r.value = e.encode(self.topic_of(&r), &r.value)?;
+                Ok(r)
             })
             .collect()
     }
 
-    fn send_encoded(&self, records: Vec<(OutputRecord, String)>) -> Result<(), JobError> {
-        for (r, topic) in records {
-            self.sink.send(&topic, r.key.as_deref(), &r.value, None)?;
-            self.metrics
-                .records_produced
-                .with_label_values(&[topic.as_str()])
-                .inc();
+    fn send_encoded(&self, records: Vec<OutputRecord>) -> Result<(), JobError> {
+        for r in &records {
+            let topic = self.topic_of(r);
+            self.sink.send(topic, r.key.as_deref(), &r.value, None)?;
+            self.counters.produced(topic);
         }
         Ok(())
     }
@@ -368,10 +361,7 @@ impl Pipeline {
         let topic = &self.config.kafka.output_topic;
         self.sink
             .send(topic, msg.key(), msg.payload().unwrap_or_default(), None)?;
-        self.metrics
-            .records_produced
-            .with_label_values(&[topic])
-            .inc();
+        self.counters.produced(topic);
         Ok(())
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
+use super::counters::RecordCounters;
 use super::pipeline::Pipeline;
 use super::{Control, Job, JobError, StartOptions, manifest_offsets, remove_dir, serve, unix_ms};
 use crate::checkpoint::{
@@ -343,6 +344,7 @@ impl Job {
         );
         let pipeline = Pipeline {
             config,
+            counters: RecordCounters::new(metrics.clone()),
             metrics,
             decoder,
             encoder: formats.encoder,

@@ -6,8 +6,6 @@
 //! decision itself compares the event's time with the stored first-seen time, so in
 //! event-time mode duplicates are judged by event time; the state TTL is cleanup.
 
-use serde_json::json;
-
 use super::output::{Field, record};
 use super::spec::{DedupSpec, Rule};
 use super::window::{self, namespace};
@@ -40,7 +38,10 @@ pub(crate) fn on_event(
             seen.put(&k, &ts)?;
             let extra = [(
                 "dedup",
-                Field::Value(json!({"field": d.field.as_str(), "ttl_ms": d.ttl_ms})),
+                Field::Dedup {
+                    field: d.field.as_str(),
+                    ttl_ms: d.ttl_ms,
+                },
             )];
             let r = record(rule, ev.key, ev.value, None, Some(ev.source), ts, extra);
             env.emit(out, rule, ev.key, &r)

@@ -29,6 +29,11 @@ pub enum Field<'a> {
     Borrowed(&'a Value),
     Window(Option<WindowRef>),
     Source(Option<&'a SourceRef>),
+    /// A dedup rule's `{"field", "ttl_ms"}`, on each first sighting.
+    Dedup {
+        field: &'a str,
+        ttl_ms: u64,
+    },
 }
 
 impl From<Value> for Field<'_> {
@@ -63,6 +68,12 @@ impl Serialize for Field<'_> {
                 m.serialize_entry("offset", &r.offset)?;
                 m.serialize_entry("partition", &r.partition)?;
                 m.serialize_entry("topic", &r.topic)?;
+                m.end()
+            }
+            Field::Dedup { field, ttl_ms } => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("field", field)?;
+                m.serialize_entry("ttl_ms", ttl_ms)?;
                 m.end()
             }
         }
@@ -176,7 +187,13 @@ mod tests {
             [
                 ("fn", Field::Str("count")),
                 ("count", Field::U64(9)),
-                ("dedup", Field::Value(json!({"ttl_ms": 1}))),
+                (
+                    "dedup",
+                    Field::Dedup {
+                        field: "/a",
+                        ttl_ms: 1,
+                    },
+                ),
             ],
         ))
         .expect("serialize");
@@ -190,7 +207,7 @@ mod tests {
             vec![
                 ("fn", json!("count")),
                 ("count", json!(9)),
-                ("dedup", json!({"ttl_ms": 1})),
+                ("dedup", json!({"field": "/a", "ttl_ms": 1})),
             ],
         );
         assert_eq!(

@@ -21,6 +21,21 @@ pub type Partition = (String, i32);
 /// Next offset to read, per partition.
 pub type Offsets = BTreeMap<Partition, i64>;
 
+/// Sets the next offset to read from `topic`'s `partition`. Called for every record:
+/// a partition already present is found by a scan of the few assigned ones, without
+/// allocating the map's owned key.
+pub fn advance(offsets: &mut Offsets, topic: &str, partition: i32, next: i64) {
+    match offsets
+        .iter_mut()
+        .find(|((t, p), _)| *p == partition && t == topic)
+    {
+        Some((_, at)) => *at = next,
+        None => {
+            offsets.insert((topic.to_string(), partition), next);
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     #[error("kafka.bootstrap_servers: cannot reach the cluster at {servers} within {timeout:?}")]
@@ -388,6 +403,24 @@ mod tests {
 
     fn error(code: RDKafkaErrorCode) -> KafkaError {
         KafkaError::MetadataFetch(code)
+    }
+
+    #[test]
+    fn advance_moves_a_known_partition_and_adds_a_new_one() {
+        let mut offsets = Offsets::new();
+        advance(&mut offsets, "in", 0, 5);
+        advance(&mut offsets, "in", 1, 7);
+        advance(&mut offsets, "in", 0, 6);
+        advance(&mut offsets, "other", 0, 1);
+        let got: Vec<_> = offsets.into_iter().collect();
+        assert_eq!(
+            got,
+            [
+                (("in".to_string(), 0), 6),
+                (("in".to_string(), 1), 7),
+                (("other".to_string(), 0), 1),
+            ]
+        );
     }
 
     #[test]
