@@ -20,7 +20,8 @@ use tracing::{error, info};
 /// jemalloc for the whole process: Rust, RocksDB and librdkafka (the `unprefixed` feature
 /// replaces `malloc` itself). The stateful path allocates per event (decoded JSON, outputs,
 /// producer copies), and glibc's allocator was a fifth of its CPU; with jemalloc S-EO ran
-/// about 11% more events per CPU-second in an interleaved A/B (bench/README.md, "Allocator").
+/// about 11% more events per CPU-second in an interleaved A/B (bench/README.md, "Allocator
+/// and fewer allocations").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
