@@ -70,6 +70,14 @@ fn expired_by_filter(
 /// Per RocksDB instance; see [`db_options`].
 const BLOCK_CACHE_BYTES: usize = 256 << 20;
 
+/// The memtable Bloom filter's size as a fraction of [`WRITE_BUFFER_BYTES`]: 0.01 is
+/// 5.4 Mbit, 8 bits per key in a full memtable of 100-byte entries, and a memtable
+/// switched at every barrier holds far fewer (S at 55k events/s: 10-20 MB, so 25-50 bits
+/// per key). RocksDB allocates and zeroes the filter when it creates a memtable,
+/// which is at the barrier on the job thread: at 0.1 (6.7 MB) that was about 4 ms of
+/// CPU, most of the checkpoint pause (bench/README.md, "The pause at 1 GB").
+const MEMTABLE_BLOOM_RATIO: f64 = 0.01;
+
 pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Options {
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -101,7 +109,7 @@ pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Opt
         use rocksdb::DBCompressionType::{Lz4, None};
         opts.set_compression_per_level(&[None, None, Lz4, Lz4, Lz4, Lz4, Lz4]);
     }
-    opts.set_memtable_prefix_bloom_ratio(0.1);
+    opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
     opts.set_memtable_whole_key_filtering(true);
     table.set_block_cache(&rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES));
     opts.set_block_based_table_factory(&table);
