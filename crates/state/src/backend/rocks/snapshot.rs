@@ -223,24 +223,32 @@ mod tests {
     use crate::backend::rocks::{RocksBackend, scan_checkpoint};
     use crate::clock::SystemClock;
 
+    fn open(tmp: &tempfile::TempDir) -> RocksBackend {
+        RocksBackend::open(
+            &tmp.path().join("live"),
+            Arc::default(),
+            Arc::new(SystemClock),
+        )
+        .unwrap()
+    }
+
+    /// The barrier's part of a checkpoint into `tmp/chk`.
+    fn barrier(db: &mut RocksBackend, tmp: &tempfile::TempDir) -> Box<dyn PendingSnapshot> {
+        std::fs::create_dir_all(tmp.path().join("chk")).unwrap();
+        db.native_snapshot(&tmp.path().join("chk"))
+            .unwrap()
+            .unwrap()
+    }
+
     /// RocksDB builds the new memtable, its Bloom filter included, inside the barrier's
     /// switch on the job thread; a filter sized for a full write buffer (6.7 MB at a
     /// ratio of 0.1) was most of the checkpoint pause.
     #[test]
     fn the_barriers_memtable_switch_allocates_under_a_mebibyte() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut db = RocksBackend::open(
-            &tmp.path().join("live"),
-            Arc::default(),
-            Arc::new(SystemClock),
-        )
-        .unwrap();
+        let mut db = open(&tmp);
         db.put(b"k", b"v").unwrap();
-        std::fs::create_dir_all(tmp.path().join("chk")).unwrap();
-        let pending = db
-            .native_snapshot(&tmp.path().join("chk"))
-            .unwrap()
-            .unwrap();
+        let pending = barrier(&mut db, &tmp);
         // RocksDB updates the active memtable's size (its arena's blocks, the filter's
         // included) on a write.
         db.put(b"after", b"v").unwrap();
@@ -262,21 +270,12 @@ mod tests {
     #[test]
     fn writes_that_would_fill_the_memtable_wait_for_the_links() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut db = RocksBackend::open(
-            &tmp.path().join("live"),
-            Arc::default(),
-            Arc::new(SystemClock),
-        )
-        .unwrap();
+        let mut db = open(&tmp);
         for i in 0..100 {
             db.put(format!("a{i:04}").as_bytes(), b"before").unwrap();
         }
         *db.gate.link_delay.lock() = Duration::from_millis(300);
-        std::fs::create_dir_all(tmp.path().join("chk")).unwrap();
-        let pending = db
-            .native_snapshot(&tmp.path().join("chk"))
-            .unwrap()
-            .unwrap();
+        let pending = barrier(&mut db, &tmp);
         let big = vec![7u8; 64 << 10];
         for i in 0..2 * WRITE_BUFFER_BYTES / big.len() {
             db.put(format!("b{i:05}").as_bytes(), &big).unwrap();
