@@ -10,6 +10,12 @@
 //! for the input records, printed as `input_*`: the part of the latency spent before the
 //! contender could read the event (the generator's backlog, the broker, this reader's
 //! fetch), so a miss can be split between the rig and the contender.
+//!
+//! A transaction's commit makes its whole epoch readable at once, so the output arrives
+//! in bursts; a record's place in its burst is time spent draining it (this reader's
+//! fetches, on a CPU it shares with the broker), not waiting for the commit. Printed as
+//! `burst_*`: per record, the time since its burst's first record was received (a burst
+//! ends at a gap of `--burst-gap-ms` without records), and `bursts`, how many there were.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +43,9 @@ struct Args {
     /// Also measure when the input records became readable (see the module docs).
     #[arg(long)]
     input_topic: Option<String>,
+    /// A gap this long without records ends a burst (see the module docs).
+    #[arg(long, default_value_t = 50)]
+    burst_gap_ms: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,18 +61,27 @@ fn main() -> anyhow::Result<()> {
                 since,
                 &done,
                 idle_ms,
+                None,
             )
+            .map(|(seen, _)| seen)
         })
     });
-    let mut out = measure(
+    let (output, bursts) = measure(
         &args.bootstrap,
         &args.topic,
         "read_committed",
         since,
         &args.done,
         args.idle_ms,
-    )?
-    .summary("");
+        Some(Duration::from_millis(args.burst_gap_ms)),
+    )?;
+    let mut out = output.summary("");
+    if let (Some(out), Some(bursts)) = (out.as_object_mut(), bursts) {
+        if let serde_json::Value::Object(more) = bursts.in_burst.summary("burst_") {
+            out.extend(more);
+        }
+        out.insert("bursts".into(), bursts.count.into());
+    }
     if let Some(handle) = input {
         let seen = handle
             .join()
@@ -79,7 +97,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Latencies (ms) of every record of `topic` whose `ts` is at or after `since`, until
-/// `done` exists and `idle_ms` passed without a record.
+/// `done` exists and `idle_ms` passed without a record; with `burst_gap`, also each such
+/// record's place in its burst.
 fn measure(
     bootstrap: &str,
     topic: &str,
@@ -87,7 +106,8 @@ fn measure(
     since: u64,
     done: &std::path::Path,
     idle_ms: u64,
-) -> anyhow::Result<Latencies> {
+    burst_gap: Option<Duration>,
+) -> anyhow::Result<(Latencies, Option<Bursts>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set(
@@ -101,16 +121,31 @@ fn measure(
         .context("creating the consumer")?;
     consumer.subscribe(&[topic]).context("subscribing")?;
     let mut latencies: Vec<u64> = Vec::new();
+    let mut bursts = burst_gap.map(|_| Bursts {
+        count: 0,
+        in_burst: Latencies(Vec::new()),
+    });
     let mut last_record = Instant::now();
+    // Where the current burst began, and whether a measured record was counted in it.
+    let (mut burst_start, mut burst_counted) = (last_record, false);
     loop {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                last_record = Instant::now();
+                let now = Instant::now();
+                if burst_gap.is_some_and(|gap| now - last_record >= gap) {
+                    (burst_start, burst_counted) = (now, false);
+                }
+                last_record = now;
                 let Some(ts) = m.payload().and_then(intended_ms) else {
                     continue;
                 };
                 if ts >= since {
                     latencies.push(now_ms().saturating_sub(ts));
+                    if let Some(b) = bursts.as_mut() {
+                        b.count += u64::from(!burst_counted);
+                        burst_counted = true;
+                        b.in_burst.0.push((now - burst_start).as_millis() as u64);
+                    }
                 }
             }
             Some(Err(e)) => eprintln!("bench-latency: consumer error on {topic}: {e}"),
@@ -121,7 +156,17 @@ fn measure(
         }
     }
     latencies.sort_unstable();
-    Ok(Latencies(latencies))
+    if let Some(b) = bursts.as_mut() {
+        b.in_burst.0.sort_unstable();
+    }
+    Ok((Latencies(latencies), bursts))
+}
+
+/// How the measured records arrived: in how many bursts, and each one's time (ms) since
+/// its burst's first record.
+struct Bursts {
+    count: u64,
+    in_burst: Latencies,
 }
 
 /// Sorted latencies in ms.
