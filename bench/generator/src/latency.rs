@@ -121,31 +121,18 @@ fn measure(
         .context("creating the consumer")?;
     consumer.subscribe(&[topic]).context("subscribing")?;
     let mut latencies: Vec<u64> = Vec::new();
-    let mut bursts = burst_gap.map(|_| Bursts {
-        count: 0,
-        in_burst: Latencies(Vec::new()),
-    });
+    let mut bursts = burst_gap.map(Bursts::new);
     let mut last_record = Instant::now();
-    // Where the current burst began, and whether a measured record was counted in it.
-    let (mut burst_start, mut burst_counted) = (last_record, false);
     loop {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                let now = Instant::now();
-                if burst_gap.is_some_and(|gap| now - last_record >= gap) {
-                    (burst_start, burst_counted) = (now, false);
-                }
-                last_record = now;
-                let Some(ts) = m.payload().and_then(intended_ms) else {
-                    continue;
-                };
-                if ts >= since {
+                last_record = Instant::now();
+                let measured = m.payload().and_then(intended_ms).filter(|ts| *ts >= since);
+                if let Some(ts) = measured {
                     latencies.push(now_ms().saturating_sub(ts));
-                    if let Some(b) = bursts.as_mut() {
-                        b.count += u64::from(!burst_counted);
-                        burst_counted = true;
-                        b.in_burst.0.push((now - burst_start).as_millis() as u64);
-                    }
+                }
+                if let Some(b) = bursts.as_mut() {
+                    b.received(last_record, measured.is_some());
                 }
             }
             Some(Err(e)) => eprintln!("bench-latency: consumer error on {topic}: {e}"),
@@ -163,10 +150,43 @@ fn measure(
 }
 
 /// How the measured records arrived: in how many bursts, and each one's time (ms) since
-/// its burst's first record.
+/// its burst's first record. Every record received marks the bursts' boundaries; only the
+/// measured ones are counted.
 struct Bursts {
+    gap: Duration,
     count: u64,
     in_burst: Latencies,
+    /// The current burst's first record, the last record, and whether a measured record
+    /// was counted in the current burst.
+    start: Option<Instant>,
+    last: Option<Instant>,
+    counted: bool,
+}
+
+impl Bursts {
+    fn new(gap: Duration) -> Self {
+        Self {
+            gap,
+            count: 0,
+            in_burst: Latencies(Vec::new()),
+            start: None,
+            last: None,
+            counted: false,
+        }
+    }
+
+    fn received(&mut self, now: Instant, measured: bool) {
+        if self.last.is_none_or(|last| now - last >= self.gap) {
+            (self.start, self.counted) = (Some(now), false);
+        }
+        self.last = Some(now);
+        if measured {
+            self.count += u64::from(!self.counted);
+            self.counted = true;
+            let start = self.start.unwrap_or(now);
+            self.in_burst.0.push((now - start).as_millis() as u64);
+        }
+    }
 }
 
 /// Sorted latencies in ms.
@@ -202,4 +222,29 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_ends_a_burst_and_places_are_timed_from_its_first_record() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Bursts::new(Duration::from_millis(50));
+        for ms in [0, 10, 30] {
+            b.received(at(ms), true);
+        }
+        // 70 ms later: a new burst.
+        b.received(at(100), true);
+        b.received(at(105), true);
+        // An unmeasured record starts the third burst; the measured one is timed from it.
+        b.received(at(300), false);
+        b.received(at(320), true);
+        // A burst of unmeasured records only is not counted.
+        b.received(at(500), false);
+        assert_eq!(b.count, 3);
+        assert_eq!(b.in_burst.0, vec![0, 10, 30, 0, 5, 20]);
+    }
 }
