@@ -60,6 +60,10 @@ def cpu_seconds(pid):
 # Flink W run before the checker read them).
 OUTPUT_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 
+# The latency reader ends an output burst (one commit's epoch, drained) at a gap this long
+# without records: below every checkpoint interval the runs use.
+BURST_GAP_MS = 50
+
 
 def ensure_topic(bootstrap, topic, partitions, config=None):
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -667,7 +671,7 @@ def run_latency(a, name, spec, load, max_eps):
         # --latency-input: the reader also times the input records, to split a miss
         # between the rig (before the contender can read) and the contender.
         reader = subprocess.Popen(["taskset", "-c", a.broker_cpu, a.latency, "--bootstrap", a.bootstrap,
-                                   "--topic", output, "--done", str(done)]
+                                   "--topic", output, "--done", str(done), "--burst-gap-ms", str(BURST_GAP_MS)]
                                   + (["--input-topic", input_topic] if a.latency_input else []),
                                   stdout=subprocess.PIPE, text=True)
         gen("--events", str(rate * a.latency_secs), "--rate", str(rate), "--seed", "8")
@@ -894,7 +898,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         drained = [l for l in latencies if l.get("bursts")]
         if drained:
             lines += ["A commit makes its whole epoch readable at once, so the reader gets the output in "
-                      "bursts (a gap of 50 ms or more ends one). Time from a burst's first record to each "
+                      f"bursts (a gap of {BURST_GAP_MS} ms or more ends one). Time from a burst's first record to each "
                       "record: the part of the latency spent draining the burst (the reader's fetches, on "
                       "the broker's CPU), after the commit.", "",
                       "| contender | load | bursts | p50 ms | p99 ms | p99.9 ms | max ms |",

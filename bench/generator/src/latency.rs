@@ -156,10 +156,9 @@ struct Bursts {
     gap: Duration,
     count: u64,
     in_burst: Latencies,
-    /// The current burst's first record, the last record, and whether a measured record
-    /// was counted in the current burst.
-    start: Option<Instant>,
-    last: Option<Instant>,
+    /// The current burst's first and last record.
+    span: Option<(Instant, Instant)>,
+    /// Whether a measured record was counted in the current burst.
     counted: bool,
 }
 
@@ -169,21 +168,23 @@ impl Bursts {
             gap,
             count: 0,
             in_burst: Latencies(Vec::new()),
-            start: None,
-            last: None,
+            span: None,
             counted: false,
         }
     }
 
     fn received(&mut self, now: Instant, measured: bool) {
-        if self.last.is_none_or(|last| now - last >= self.gap) {
-            (self.start, self.counted) = (Some(now), false);
-        }
-        self.last = Some(now);
+        let start = match self.span {
+            Some((start, last)) if now - last < self.gap => start,
+            _ => {
+                self.counted = false;
+                now
+            }
+        };
+        self.span = Some((start, now));
         if measured {
             self.count += u64::from(!self.counted);
             self.counted = true;
-            let start = self.start.unwrap_or(now);
             self.in_burst.0.push((now - start).as_millis() as u64);
         }
     }
