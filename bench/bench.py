@@ -870,7 +870,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         lines += ["## End-to-end latency (open loop, read_committed reader)", "",
                   f"Each contender at a fixed rate of 50% and 80% of its own median max for {a.latency_secs} s; "
                   "latency = time a read_committed reader gets the output − the input's intended send time "
-                  "(the generator's `ts`; for S: the dedup outputs, which carry the event). Generator and "
+                  "(the generator's `ts`; for S: the dedup outputs, which carry the event; the generator sends "
+                  "each record at most 1 ms after that time, never before). Generator and "
                   "reader share CPU " + a.broker_cpu + " with the broker. " + (f"S-EO-{a.short_interval}: S-EO with "
                   f"{a.short_interval} checkpoints at 50% of S-EO's max." if a.short_interval else ""), "",
                   "| contender | load | rate (events/s) | outputs measured | p50 ms | p99 ms | p99.9 ms | max ms |",
