@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -51,6 +52,23 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_ticks(cpu):
+    """(busy, total) jiffies of one CPU so far (busy: all but idle and iowait); None when
+    `cpu` is not one CPU's number (a taskset list)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                v = [int(x) for x in line.split()[1:]]
+                return sum(v) - v[3] - v[4], sum(v)
+    return None
+
+
+def children_cpu_s():
+    """CPU seconds of this process's children that have been waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 # Output topics stamp records with the broker's append time. Windows (W) are emitted with
@@ -670,15 +688,27 @@ def run_latency(a, name, spec, load, max_eps):
         done = run_dir / "done"
         # --latency-input: the reader also times the input records, to split a miss
         # between the rig (before the contender can read) and the contender.
+        reader_started = time.monotonic()
         reader = subprocess.Popen(["taskset", "-c", a.broker_cpu, a.latency, "--bootstrap", a.bootstrap,
                                    "--topic", output, "--done", str(done), "--burst-gap-ms", str(BURST_GAP_MS)]
                                   + (["--input-topic", input_topic] if a.latency_input else []),
                                   stdout=subprocess.PIPE, text=True)
+        # The rig's own CPU over the load: the generator and the reader share the broker's
+        # CPU, so a miss can be the rig's (bench/README.md, "The rig's own CPU").
+        rig0, children0 = cpu_ticks(a.broker_cpu), children_cpu_s()
         gen("--events", str(rate * a.latency_secs), "--rate", str(rate), "--seed", "8")
+        rig1, children1 = cpu_ticks(a.broker_cpu), children_cpu_s()
         wait_committed(a, proc, progress, input_end(a.bootstrap, input_topic, a.partitions), f"{name} latency")
         done.touch()
         out, _ = reader.communicate(timeout=a.timeout)
         result.update(json.loads(out.strip().splitlines()[-1]))
+        reader_s = time.monotonic() - reader_started
+        if rig0 and rig1 and rig1[1] > rig0[1]:
+            load_s = (rig1[1] - rig0[1]) / CLK_TCK
+            result.update({"broker_cpu_busy": (rig1[0] - rig0[0]) / (rig1[1] - rig0[1]),
+                           "generator_cpu_share": (children1 - children0) / load_s,
+                           # Over the reader's whole life: the load, the drain and its idle tail.
+                           "reader_cpu_share": (children_cpu_s() - children1) / reader_s})
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError, subprocess.TimeoutExpired,
             json.JSONDecodeError, IndexError) as e:
         result["error"] = str(e)
@@ -906,6 +936,17 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       "|---|---|---|---|---|---|---|"]
             for l in drained:
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['bursts']:,} | {quantiles(l, 'burst_')} |")
+            lines.append("")
+        rig = [l for l in latencies if l.get("broker_cpu_busy") is not None]
+        if rig:
+            lines += [f"The rig while the generator sent: how busy CPU {a.broker_cpu} was (the broker, the "
+                      "generator and the reader share it), and the generator's CPU as a share of one CPU "
+                      "over that time, and the reader's over its own run (the load, the drain and 3 s idle).", "",
+                      f"| contender | load | CPU {a.broker_cpu} busy | generator | reader |",
+                      "|---|---|---|---|---|"]
+            for l in rig:
+                lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['broker_cpu_busy']:.0%} | "
+                             f"{l['generator_cpu_share']:.0%} | {l['reader_cpu_share']:.0%} |")
             lines.append("")
         logged = [l for l in latencies if l.get("checkpoints")]
         if logged:
