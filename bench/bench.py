@@ -941,7 +941,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         if rig:
             lines += [f"The rig while the generator sent: how busy CPU {a.broker_cpu} was (the broker, the "
                       "generator and the reader share it), and the generator's CPU as a share of one CPU "
-                      "over that time, and the reader's over its own run (the load, the drain and 3 s idle).", "",
+                      "over that time, and the reader's over its own run (the load, the drain and its idle tail).", "",
                       f"| contender | load | CPU {a.broker_cpu} busy | generator | reader |",
                       "|---|---|---|---|---|"]
             for l in rig:

@@ -93,15 +93,16 @@ pub struct Event {
 }
 
 impl Record {
-    /// Sets the event time to `ts`, in `value` too. The JSON is this generator's own (one
-    /// `"ts":` field, written as digits), so the digits are replaced in place rather than
-    /// the record parsed and written again: the open-loop generator does this per record,
-    /// on the CPU it shares with the broker.
-    pub fn restamp(&mut self, ts: u64) {
+    /// Sets the event time to `ts`, in `value` too; false (and nothing changed) when
+    /// `value` has no `"ts":` field. The JSON is this generator's own (one `"ts":` field,
+    /// written as digits), so the digits are replaced in place rather than the record
+    /// parsed and written again: the open-loop generator does this per record, on the CPU
+    /// it shares with the broker.
+    #[must_use]
+    pub fn restamp(&mut self, ts: u64) -> bool {
         const FIELD: &[u8] = b"\"ts\":";
-        self.event.ts = ts;
         let Some(at) = self.value.windows(FIELD.len()).position(|w| w == FIELD) else {
-            return;
+            return false;
         };
         let start = at + FIELD.len();
         let digits = self.value[start..]
@@ -110,6 +111,8 @@ impl Record {
             .count();
         self.value
             .splice(start..start + digits, ts.to_string().into_bytes());
+        self.event.ts = ts;
+        true
     }
 }
 
@@ -292,15 +295,25 @@ mod tests {
 
     #[test]
     fn restamp_rewrites_only_the_event_time() {
-        for mut r in Generator::new(spec(Dist::Uniform, 5)).take(100) {
+        // The same width as the generator's own times, and a shorter one.
+        for (mut r, ts) in Generator::new(spec(Dist::Uniform, 5))
+            .take(100)
+            .zip([1_765_000_000_123, 7].into_iter().cycle())
+        {
             let before: serde_json::Value = serde_json::from_slice(&r.value).expect("JSON");
-            r.restamp(1_765_000_000_123);
+            assert!(r.restamp(ts));
             let mut after: serde_json::Value = serde_json::from_slice(&r.value).expect("JSON");
-            assert_eq!(after["ts"].as_u64(), Some(1_765_000_000_123));
-            assert_eq!(r.event.ts, 1_765_000_000_123);
+            assert_eq!(after["ts"].as_u64(), Some(ts));
+            assert_eq!(r.event.ts, ts);
             after["ts"] = before["ts"].clone();
             assert_eq!(after, before);
         }
+        let mut r = Generator::new(spec(Dist::Uniform, 5))
+            .next()
+            .expect("a record");
+        r.value = b"{\"other\":1}".to_vec();
+        assert!(!r.restamp(9), "no ts field: nothing to restamp");
+        assert_eq!(r.value, b"{\"other\":1}");
     }
 
     #[test]
