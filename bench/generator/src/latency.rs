@@ -25,6 +25,7 @@ use clap::Parser;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
+use streamstate_bench_generator::ts_digits;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -208,16 +209,12 @@ impl Latencies {
     }
 }
 
-/// The number after the first `"ts":` in `value`, without parsing the whole JSON.
+/// The number of the first `"ts":` field in `value`, without parsing the whole JSON.
 fn intended_ms(value: &[u8]) -> Option<u64> {
-    let at = value.windows(5).position(|w| w == b"\"ts\":")? + 5;
-    let digits: Vec<u8> = value[at..]
-        .iter()
-        .copied()
-        .skip_while(|b| *b == b' ')
-        .take_while(u8::is_ascii_digit)
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+    std::str::from_utf8(&value[ts_digits(value)?])
+        .ok()?
+        .parse()
+        .ok()
 }
 
 fn now_ms() -> u64 {

@@ -100,20 +100,27 @@ impl Record {
     /// it shares with the broker.
     #[must_use]
     pub fn restamp(&mut self, ts: u64) -> bool {
-        const FIELD: &[u8] = b"\"ts\":";
-        let Some(at) = self.value.windows(FIELD.len()).position(|w| w == FIELD) else {
+        let Some(digits) = ts_digits(&self.value) else {
             return false;
         };
-        let start = at + FIELD.len();
-        let digits = self.value[start..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        self.value
-            .splice(start..start + digits, ts.to_string().into_bytes());
+        self.value.splice(digits, ts.to_string().into_bytes());
         self.event.ts = ts;
         true
     }
+}
+
+/// Where the number of the first `"ts":` field in the JSON `value` is (its digits, after
+/// any spaces), without parsing the rest: the generator rewrites it per record and the
+/// latency reader reads it per record, both on the broker's CPU.
+pub fn ts_digits(value: &[u8]) -> Option<std::ops::Range<usize>> {
+    const FIELD: &[u8] = b"\"ts\":";
+    let after = value.windows(FIELD.len()).position(|w| w == FIELD)? + FIELD.len();
+    let start = after + value[after..].iter().take_while(|b| **b == b' ').count();
+    let digits = value[start..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    Some(start..start + digits)
 }
 
 impl Event {
@@ -314,6 +321,14 @@ mod tests {
         r.value = b"{\"other\":1}".to_vec();
         assert!(!r.restamp(9), "no ts field: nothing to restamp");
         assert_eq!(r.value, b"{\"other\":1}");
+    }
+
+    #[test]
+    fn ts_digits_finds_the_number_after_spaces() {
+        let v = br#"{"id":"x","ts": 1700000000123,"n":1}"#;
+        let r = ts_digits(v).expect("a ts field");
+        assert_eq!(&v[r], b"1700000000123");
+        assert_eq!(ts_digits(br#"{"n":1}"#), None);
     }
 
     #[test]
