@@ -324,11 +324,12 @@ def histogram_quantile(samples, name, q):
 
 CHECKPOINT_LINE = re.compile(r"checkpoint completed .*?bytes=(\d+) bytes_written=(\d+) ms=(\d+)"
                              r"(?: pause_ms=(\d+))?(?: snapshot_ms=(\d+))?(?: flush_ms=(\d+))?"
-                             r"(?: upload_ms=(\d+) commit_ms=(\d+))?")
+                             r"(?: upload_ms=(\d+) commit_ms=(\d+))?(?: materialize_ms=(\d+))?")
 
 
 def logged_checkpoints(path):
-    """(bytes, bytes_written, ms, pause_ms, snapshot_ms, flush_ms, upload_ms, commit_ms) of
+    """(bytes, bytes_written, ms, pause_ms, snapshot_ms, flush_ms, upload_ms, commit_ms,
+    materialize_ms) of
     every checkpoint a streamstate log reports (INFO). The job-thread pause is `pause_ms`
     (state snapshot + producer flush; upload and commit run on the committer thread);
     builds that logged no `pause_ms` were synchronous, their pause being `ms`."""
@@ -637,8 +638,11 @@ def stop(proc, logf):
 
 
 def drop_state(run_dir):
-    """A run's local state and checkpoints are measured, then deleted (only its log stays):
-    a full run would otherwise fill the disk."""
+    """A run's local state and checkpoints are measured, then deleted (only the logs stay):
+    a full run would otherwise fill the disk. RocksDB's own LOG is kept beside the
+    contender's: its flush and compaction events, timed, explain a slow upload."""
+    for i, rocks_log in enumerate(sorted((run_dir / "state").glob("**/LOG"))):
+        shutil.copyfile(rocks_log, run_dir / f"rocksdb-{i}.LOG")
     for d in ("state", "checkpoints"):
         shutil.rmtree(run_dir / d, ignore_errors=True)
 
@@ -724,7 +728,7 @@ def run_latency(a, name, spec, load, max_eps):
     checkpoints = logged_checkpoints(run_dir / "contender.log")
     if checkpoints:
         result["checkpoints"] = len(checkpoints)
-        for field, i in (("checkpoint", 2), ("pause", 3), ("upload", 6), ("commit", 7)):
+        for field, i in (("checkpoint", 2), ("pause", 3), ("upload", 6), ("commit", 7), ("materialize", 8)):
             values = [c[i] for c in checkpoints if c[i] is not None]
             for q, tag in ((0.5, "p50"), (0.99, "p99")):
                 result[f"{field}_{tag}_ms"] = exact_quantile(values, q)
@@ -951,14 +955,15 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
         logged = [l for l in latencies if l.get("checkpoints")]
         if logged:
             lines += ["streamstate's checkpoints during those runs (its log): barrier to commit, the "
-                      "job-thread pause, the upload (RocksDB flush and links, hashes, synced copies) and "
-                      "the commit, p50 / p99 in ms.", "",
-                      "| contender | load | checkpoints | barrier to commit | pause | upload | commit |",
-                      "|---|---|---|---|---|---|---|"]
+                      "job-thread pause, the upload, its first part (materialize: RocksDB's flush of the "
+                      "barrier's memtables, its links, the new files' hashes; the rest is the synced copy "
+                      "into checkpoint storage) and the commit, p50 / p99 in ms.", "",
+                      "| contender | load | checkpoints | barrier to commit | pause | upload | of it, materialize | commit |",
+                      "|---|---|---|---|---|---|---|---|"]
             for l in logged:
                 cell = lambda f: f"{fmt(l.get(f + '_p50_ms'))} / {fmt(l.get(f + '_p99_ms'))}"  # noqa: E731
                 lines.append(f"| {l['contender']} | {l['load']:.0%} | {l['checkpoints']:,} | {cell('checkpoint')} | "
-                             f"{cell('pause')} | {cell('upload')} | {cell('commit')} |")
+                             f"{cell('pause')} | {cell('upload')} | {cell('materialize')} | {cell('commit')} |")
             lines.append("")
     if recovery:
         r = recovery

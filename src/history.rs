@@ -77,8 +77,11 @@ pub struct Phases {
     pub snapshot_ms: u64,
     /// The epoch producer's flush at the barrier (job thread).
     pub flush_ms: u64,
-    /// Writing the snapshot to checkpoint storage (background).
+    /// Finishing the local snapshot and writing it to checkpoint storage (background).
     pub upload_ms: u64,
+    /// The part of `upload_ms` before the write: RocksDB's flush of the barrier's
+    /// memtables, its hard links, the new files' hashes.
+    pub materialize_ms: u64,
     /// Committing the epoch's transaction with its offsets (background).
     pub commit_ms: u64,
 }

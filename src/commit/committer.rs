@@ -87,6 +87,7 @@ fn commit<S: Slot>(
     if let Some(rest) = sealed.rest.take() {
         rest.complete(&mut sealed.manifest.state)?;
     }
+    let materialized = Instant::now();
     // Written: the next barrier may freeze the state while this one uploads.
     snapshot.mark();
     crate::crash_point!("during-upload");
@@ -114,6 +115,7 @@ fn commit<S: Slot>(
         manifest: sealed.manifest.clone(),
         written,
         barrier_at: sealed.barrier_at,
+        materialize: materialized - started,
         upload: uploaded - started,
         commit: committed - uploaded,
     })

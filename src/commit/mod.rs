@@ -98,7 +98,12 @@ pub struct Committed {
     pub manifest: Manifest,
     pub written: WriteStats,
     pub barrier_at: Instant,
-    /// Hashing and upload of the snapshot.
+    /// The part of `upload` that finished the local snapshot: RocksDB's flush of the
+    /// barrier's memtables, its hard links, the new files' hashes. The rest is the copy
+    /// into checkpoint storage with its syncs; the split says which one a slow upload
+    /// waited for.
+    pub materialize: Duration,
+    /// The local snapshot finished and written to checkpoint storage.
     pub upload: Duration,
     /// Offsets into the transaction and its commit.
     pub commit: Duration,

@@ -164,6 +164,7 @@ impl Job {
             snapshot_ms: snapshot.as_millis() as u64,
             flush_ms: pause.saturating_sub(snapshot).as_millis() as u64,
             upload_ms: c.upload.as_millis() as u64,
+            materialize_ms: c.materialize.as_millis() as u64,
             commit_ms: c.commit.as_millis() as u64,
         };
         let record = CheckpointRecord::completed(
@@ -186,6 +187,7 @@ impl Job {
             flush_ms = phases.flush_ms,
             upload_ms = phases.upload_ms,
             commit_ms = phases.commit_ms,
+            materialize_ms = phases.materialize_ms,
             "checkpoint completed"
         );
         self.control.history.record_checkpoint(record);
