@@ -249,7 +249,7 @@ impl Driver {
     /// read and the store fetches it together ([`streamstate_state::batch`]). End it
     /// with [`Driver::end_batch`].
     pub fn begin_batch(&mut self, events: &[Upcoming<'_>]) -> Result<(), FunctionError> {
-        self.store.begin_batch();
+        self.store.begin_batch()?;
         if events.is_empty() || !self.store.reads_ahead() {
             return Ok(());
         }
@@ -258,9 +258,11 @@ impl Driver {
         Ok(self.store.prefetch(ahead)?)
     }
 
-    /// Ends the batch: what was read ahead for it is dropped.
-    pub fn end_batch(&mut self) {
-        self.store.end_batch();
+    /// Ends the batch: its held state writes reach the backend (their error, if
+    /// any, is returned) and what was read ahead is dropped. Call it however the
+    /// batch ended.
+    pub fn end_batch(&mut self) -> Result<(), FunctionError> {
+        Ok(self.store.end_batch()?)
     }
 
     /// A control update already found newer than the version in force. A rejection

@@ -101,8 +101,10 @@ impl Pipeline {
             }
             Ok(())
         });
-        self.state.end_batch();
-        handled
+        // The state the records before an error wrote is written too, as it was with
+        // writes going straight to the backend.
+        let ended = self.state.end_batch().map_err(JobError::from);
+        handled.and(ended)
     }
 
     /// Whether a record of this topic reaches the decoder: every input but the control

@@ -1194,7 +1194,7 @@ fn bench_rules_outputs(batch: Option<usize>) -> (Vec<Value>, u64) {
             out.extend(h.ev(key, value.clone(), None));
             out.extend(h.fire());
         }
-        h.d.end_batch();
+        h.d.end_batch().expect("end batch");
     }
     (out, h.d.store().cache_stats().hits)
 }

@@ -91,7 +91,7 @@ fn s_like(
         while event < end {
             let size = batch.max(1).min(end - event);
             if batch > 0 {
-                store.begin_batch();
+                store.begin_batch()?;
                 let mut ahead = store.prefetch_list();
                 for e in event..event + size {
                     dedup.prefetch(&mut ahead, key_of(e), &[], &e)?;
@@ -119,7 +119,7 @@ fn s_like(
                 }
                 event += 1;
             }
-            store.end_batch();
+            store.end_batch()?;
         }
         // The barrier is what the job thread pauses for; the rest completes on another
         // thread while the next epoch runs, as the service's committer does.

@@ -6,8 +6,8 @@
 //! left (bench/README.md, the S profile), much of it per call rather than per byte:
 //! memtable and Bloom probes, a superversion reference, the block lookups. Read together
 //! (a batched MultiGet over sorted keys, [`crate::ahead`]), a batch's reads pay those
-//! once. Writes are not held: they reach the backend as they happen, so nothing of a
-//! batch is in memory only, and a barrier, scan or lookup sees what it saw before.
+//! once. Its writes are held and reach the backend as one sorted write batch when it
+//! ends, or earlier when a barrier, scan or lookup needs the backend to hold them.
 
 use crate::error::Result;
 use crate::keygroup::{KeyGroupRange, KeyGroups};
@@ -59,13 +59,15 @@ impl StateStore {
     /// Begins a batch of records (see the module docs). The store's backend decides
     /// whether reading ahead pays; where it does not, this and [`Self::end_batch`]
     /// change nothing.
-    pub fn begin_batch(&self) {
-        self.lock().backend.begin_batch();
+    pub fn begin_batch(&self) -> Result<()> {
+        self.lock().backend.begin_batch()
     }
 
-    /// Ends the batch: what was read ahead for it is dropped.
-    pub fn end_batch(&self) {
-        self.lock().backend.end_batch();
+    /// Ends the batch: its held writes reach the backend (an error here is theirs:
+    /// the batch's state is then not all written), and what was read ahead is dropped.
+    /// Call it however the batch ended, an error included.
+    pub fn end_batch(&self) -> Result<()> {
+        self.lock().backend.end_batch()
     }
 
     /// An empty list of entries to read ahead, for this store's key groups.

@@ -33,9 +33,9 @@
 //!   not: live state then comes only from the new backend.
 //!
 //! Capacity 0 turns the cache off: every call goes straight to the backend,
-//! except reads that a batch's read-ahead ([`crate::ahead`]) already answered.
-//! [`CachedBackend::prefetch`] fills the cache when it is on, the read-ahead
-//! when it is off.
+//! except reads that a batch's read-ahead ([`crate::ahead`]) already answered and
+//! writes it holds until the batch ends. [`CachedBackend::prefetch`] fills the
+//! cache when it is on, the read-ahead when it is off.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -123,7 +123,7 @@ pub(crate) struct CachedBackend {
     /// CLOCK hand: eviction resumes at the first key at or after this one.
     hand: Vec<u8>,
     stats: CacheStats,
-    /// With the cache off: the open batch's read-ahead.
+    /// With the cache off: the open batch's read-ahead and held writes.
     ahead: ReadAhead,
 }
 
@@ -147,15 +147,28 @@ impl CachedBackend {
     }
 
     /// Starts a batch of records: with the cache off, on a backend that reads
-    /// batches faster, [`Self::prefetch`] reads ahead for it.
-    pub fn begin_batch(&mut self) {
+    /// batches faster, [`Self::prefetch`] reads ahead for it and its writes are
+    /// held until it ends.
+    pub fn begin_batch(&mut self) -> Result<()> {
+        self.write_held()?;
         let pays = !self.enabled() && self.inner.batches_pay() && !self.inner.keeps_objects();
         self.ahead.begin(pays);
+        Ok(())
     }
 
-    /// Ends the batch: what was read ahead for it is dropped.
-    pub fn end_batch(&mut self) {
+    /// Ends the batch: its held writes reach the backend as one batch in key order
+    /// (also when this returns their error), and what was read ahead is dropped.
+    pub fn end_batch(&mut self) -> Result<()> {
+        let written = self.write_held();
         self.ahead.end();
+        written
+    }
+
+    /// Applies the open batch's held writes, before anything reads the backend
+    /// other than through the read-ahead.
+    fn write_held(&mut self) -> Result<()> {
+        let inner = &mut self.inner;
+        self.ahead.take_writes(|ops| inner.write_batch(ops))
     }
 
     /// Whether [`Self::prefetch`] would read anything now.
@@ -169,6 +182,7 @@ impl CachedBackend {
     /// cache is off and no batch reads ahead.
     pub fn prefetch(&mut self, keys: Vec<Vec<u8>>) -> Result<()> {
         if !self.enabled() {
+            self.write_held()?;
             let fetched = self.ahead.fetch(self.inner.as_mut(), keys)?;
             self.stats.misses += fetched;
             return Ok(());
@@ -184,7 +198,8 @@ impl CachedBackend {
     }
 
     /// Swaps in a new backend (restore, reset) and drops every cached entry,
-    /// dirty ones included: they belong to the state being replaced.
+    /// dirty ones and a batch's held writes included: they belong to the state
+    /// being replaced.
     pub fn replace(&mut self, inner: Box<dyn KvBackend>) -> Box<dyn KvBackend> {
         self.map.clear();
         self.dirty.clear();
@@ -388,6 +403,7 @@ impl KvBackend for CachedBackend {
                 self.stats.hits += 1;
                 return Ok(found);
             }
+            self.write_held()?;
             return self.inner.get(key, out);
         }
         if let Some(e) = self.map.get_mut(key) {
@@ -433,6 +449,9 @@ impl KvBackend for CachedBackend {
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         if !self.enabled() {
+            if self.ahead.hold(key, BatchOp::Put(value)) {
+                return Ok(());
+            }
             let written = self.inner.put(key, value);
             self.ahead.wrote(
                 key,
@@ -460,6 +479,9 @@ impl KvBackend for CachedBackend {
 
     fn delete(&mut self, key: &[u8]) -> Result<()> {
         if !self.enabled() {
+            if self.ahead.hold(key, BatchOp::Delete) {
+                return Ok(());
+            }
             let written = self.inner.delete(key);
             self.ahead.wrote(
                 key,
@@ -479,6 +501,9 @@ impl KvBackend for CachedBackend {
 
     fn append(&mut self, key: &[u8], bytes: &[u8]) -> Result<()> {
         if !self.enabled() {
+            if self.ahead.hold(key, BatchOp::Append(bytes)) {
+                return Ok(());
+            }
             self.ahead.wrote(key, Written::Unknown);
             return self.inner.append(key, bytes);
         }
@@ -506,6 +531,7 @@ impl KvBackend for CachedBackend {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
         if !self.enabled() || start >= end {
+            self.write_held()?;
             return self.inner.scan(start, end, f);
         }
         let map = &self.map;
@@ -555,6 +581,7 @@ impl KvBackend for CachedBackend {
     /// Bulk writes (restore, schema migration) go straight to the backend; any
     /// cached entry for those keys is superseded and dropped.
     fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        self.write_held()?;
         for (k, _) in entries {
             self.ahead.wrote(k, Written::Unknown);
         }
@@ -583,30 +610,42 @@ impl KvBackend for CachedBackend {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.write_held()?;
         self.write_back()?;
         self.inner.flush()
     }
 
     fn compact(&mut self) -> Result<()> {
+        self.write_held()?;
+        // The compaction filter drops expired values the read-ahead still holds.
+        self.ahead.forget_reads();
         self.write_back_and_forget()?;
         self.inner.compact()
     }
 
     fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
+        self.write_held()?;
         self.write_back()?;
         self.inner.native_snapshot(dir)
     }
 
-    /// The backend's entries: the caller writes the cache back first (the barrier does).
+    /// The backend's entries: the caller writes the cache back first (the barrier does),
+    /// and no batch is open (its writes would be missing).
     fn freeze(&mut self) -> Option<Box<dyn FrozenEntries>> {
+        debug_assert!(
+            !self.ahead.holds_writes(),
+            "frozen with a batch's writes held"
+        );
         self.inner.freeze()
     }
 
     fn approximate_len(&mut self) -> Result<u64> {
+        self.write_held()?;
         self.inner.approximate_len()
     }
 
     fn approximate_size_bytes(&mut self) -> Result<u64> {
+        self.write_held()?;
         self.inner.approximate_size_bytes()
     }
 
@@ -618,6 +657,7 @@ impl KvBackend for CachedBackend {
 
     fn lookup(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Lookup> {
         if !self.enabled() {
+            self.write_held()?;
             return self.inner.lookup(key, out);
         }
         Ok(if self.get(key, out)? {
@@ -635,7 +675,7 @@ impl KvBackend for CachedBackend {
     }
 
     fn put_object(&mut self, key: &[u8], object: SharedObject) -> Result<()> {
-        if !self.enabled() {
+        if !self.enabled() && !self.ahead.is_open() {
             return self.inner.put_object(key, object);
         }
         let mut bytes = Vec::new();
@@ -754,11 +794,11 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_reads_ahead_in_one_call_and_writes_through() {
+    fn a_batch_reads_ahead_in_one_call_and_writes_in_one_sorted_batch_at_its_end() {
         let (mut c, calls) = cached(0);
         c.put(b"k1", b"one").unwrap();
         calls.lock().clear();
-        c.begin_batch();
+        c.begin_batch().unwrap();
         c.prefetch(vec![b"k2".to_vec(), b"k1".to_vec(), b"k2".to_vec()])
             .unwrap();
         assert_eq!(
@@ -770,51 +810,107 @@ mod tests {
         assert!(c.get(b"k1", &mut buf).unwrap());
         assert_eq!(buf, b"one");
         assert!(!c.get(b"k2", &mut buf).unwrap(), "a remembered absence");
+        c.put(b"k3", b"three").unwrap();
         c.put(b"k2", b"two").unwrap();
         c.delete(b"k1").unwrap();
         assert!(c.get(b"k2", &mut buf).unwrap(), "read-your-writes");
         assert_eq!(buf, b"two");
+        assert!(
+            c.get(b"k3", &mut buf).unwrap(),
+            "a key written but never read ahead"
+        );
+        assert_eq!(buf, b"three");
         assert!(!c.get(b"k1", &mut buf).unwrap(), "a delete is seen");
-        c.append(b"k2", b"+").unwrap();
-        assert!(c.get(b"k2", &mut buf).unwrap());
-        assert_eq!(buf, b"two+", "an append is read from the backend");
+        assert_eq!(calls.lock().len(), 1, "the writes are held");
+        c.end_batch().unwrap();
         assert_eq!(
             calls.lock()[1..],
-            [
-                Call::Put(b"k2".to_vec()),
-                Call::Delete(b"k1".to_vec()),
-                Call::Append(b"k2".to_vec()),
-                Call::Get(b"k2".to_vec()),
-            ],
-            "writes went through at once; only the appended key was read again"
+            [Call::Batch(vec![
+                b"k1".to_vec(),
+                b"k2".to_vec(),
+                b"k3".to_vec()
+            ])],
+            "one write batch, in key order"
         );
-        c.end_batch();
         calls.lock().clear();
         assert!(!c.get(b"k1", &mut buf).unwrap());
+        assert!(c.get(b"k3", &mut buf).unwrap());
         assert_eq!(
             *calls.lock(),
-            vec![Call::Get(b"k1".to_vec())],
+            vec![Call::Get(b"k1".to_vec()), Call::Get(b"k3".to_vec())],
             "after the batch every read goes through"
         );
+    }
+
+    /// An append's whole value is not known in memory: reading it back, or any read the
+    /// read-ahead cannot answer, or a scan, first writes what the batch holds.
+    #[test]
+    fn reads_the_read_ahead_cannot_answer_see_the_batchs_held_writes() {
+        let (mut c, calls) = cached(0);
+        c.put(b"k2", b"two").unwrap();
+        c.begin_batch().unwrap();
+        c.prefetch(vec![b"k2".to_vec()]).unwrap();
+        calls.lock().clear();
+        c.put(b"k9", b"nine").unwrap();
+        c.append(b"k2", b"+").unwrap();
+        c.append(b"k2", b"+").unwrap();
+        let mut buf = Vec::new();
+        assert!(c.get(b"k2", &mut buf).unwrap());
+        assert_eq!(buf, b"two++", "an append is read from the backend");
+        assert_eq!(
+            *calls.lock(),
+            vec![
+                Call::Batch(vec![b"k2".to_vec(), b"k2".to_vec(), b"k9".to_vec()]),
+                Call::Get(b"k2".to_vec()),
+            ],
+            "a key's own writes in the order made, then the read"
+        );
+        c.delete(b"k9").unwrap();
+        c.put(b"k5", b"five").unwrap();
+        assert_eq!(
+            scan_all(&mut c),
+            vec![
+                (b"k2".to_vec(), b"two++".to_vec()),
+                (b"k5".to_vec(), b"five".to_vec())
+            ],
+            "a scan sees the held put and delete"
+        );
+        calls.lock().clear();
+        c.end_batch().unwrap();
+        assert!(calls.lock().is_empty(), "nothing left to write");
+    }
+
+    /// Restore and reset replace the state, so a batch's held writes go with it.
+    #[test]
+    fn replace_drops_a_batchs_held_writes() {
+        let (mut c, calls) = cached(0);
+        c.begin_batch().unwrap();
+        c.put(b"k", b"v").unwrap();
+        let old = c.replace(Box::new(HeapBackend::new()));
+        c.end_batch().unwrap();
+        let mut buf = Vec::new();
+        assert!(!c.get(b"k", &mut buf).unwrap(), "the new backend's answer");
+        drop(old);
+        assert!(calls.lock().is_empty(), "the old backend got nothing");
     }
 
     #[test]
     fn a_batch_on_a_backend_that_does_not_gain_from_it_changes_nothing() {
         let mut c = CachedBackend::new(Box::new(HeapBackend::new()), 0);
-        c.begin_batch();
+        c.begin_batch().unwrap();
         assert!(!c.holds_reads());
         c.prefetch(vec![b"k".to_vec()]).unwrap();
         c.put(b"k", b"v").unwrap();
         assert_eq!(c.stats(), CacheStats::default(), "nothing read ahead");
         assert_eq!(c.inner.approximate_len().unwrap(), 1, "written through");
-        c.end_batch();
+        c.end_batch().unwrap();
     }
 
     #[test]
     fn replace_drops_what_a_batch_read_ahead() {
         let (mut c, calls) = cached(0);
         c.put(b"k", b"old").unwrap();
-        c.begin_batch();
+        c.begin_batch().unwrap();
         c.prefetch(vec![b"k".to_vec()]).unwrap();
         let old = c.replace(Box::new(HeapBackend::new()));
         let mut buf = Vec::new();

@@ -20,7 +20,7 @@
 //! | [`codec`] | how values are stored (postcard) and shown (JSON) |
 //! | [`cache`] | the write-back state cache in front of the backend, flushed at the barrier |
 //! | [`batch`] | a batch of records: the state its events will read, named before they run |
-//! | `ahead` | a batch's read-ahead: one batched MultiGet, kept until the batch ends |
+//! | `ahead` | a batch's read-ahead (one batched MultiGet) and its writes, held until it ends |
 //! | [`schema`] | value schema fingerprints/versions per state, migrations |
 //! | [`files`] | a snapshot's files: listing (size, SHA-256), verification, the SST hash cache |
 //! | [`offline`] | snapshots without a running job: read, verify, scan, rebuild (checkpoint tools) |

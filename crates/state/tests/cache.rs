@@ -238,8 +238,8 @@ fn run_workload(
     let mut reads = Vec::new();
     for step in 0..2000u64 {
         if let Some(n) = batch.filter(|n| step % n == 0) {
-            s.end_batch();
-            s.begin_batch();
+            s.end_batch().unwrap();
+            s.begin_batch().unwrap();
             let mut ahead = s.prefetch_list();
             for ahead_step in step..step + n + 3 {
                 let ns = [(ahead_step % 3) as u8];
@@ -279,7 +279,7 @@ fn run_workload(
         }
     }
     s.pop_due_timers(TimeDomain::EventTime, 50).unwrap();
-    s.end_batch();
+    s.end_batch().unwrap();
     let lookups = (0..37)
         .map(|k| format!("{:?}", s.key_state_json(&key(k)).unwrap()))
         .chain(reads)

@@ -205,7 +205,7 @@ fn every_ttl_combination_behaves_as_flink_on_both_backends_with_and_without_cach
             }
         }
     }
-    assert_eq!(n, 96);
+    assert_eq!(n, 128);
 }
 
 #[test]

@@ -21,6 +21,7 @@ macro_rules! on_every_backend {
             $crate::on_every_backend!(@cache cache_off, Off, $kind; $($name),*);
             $crate::on_every_backend!(@cache cache_on, On, $kind; $($name),*);
             $crate::on_every_backend!(@cache cache_tiny, Tiny, $kind; $($name),*);
+            $crate::on_every_backend!(@cache batch_open, Batched, $kind; $($name),*);
         }
     };
     (@cache $module:ident, $mode:ident, $kind:ident; $($name:ident),*) => {
@@ -46,16 +47,25 @@ pub enum CacheMode {
     On,
     /// [`TINY_CACHE_BYTES`]: almost every write evicts (write-back on eviction).
     Tiny,
+    /// `cache_bytes = 0` with a batch of records open from the start and never ended:
+    /// on RocksDB every write is held until a read the batch cannot answer, a scan or a
+    /// snapshot applies them (`crate::ahead`); the hashmap backend holds nothing.
+    Batched,
 }
 
 /// A few entries' worth: eviction and its write-back run all the time.
 pub const TINY_CACHE_BYTES: u64 = 300;
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 3] = [CacheMode::Off, CacheMode::On, CacheMode::Tiny];
+    pub const ALL: [CacheMode; 4] = [
+        CacheMode::Off,
+        CacheMode::On,
+        CacheMode::Tiny,
+        CacheMode::Batched,
+    ];
     pub fn bytes(self) -> u64 {
         match self {
-            CacheMode::Off => 0,
+            CacheMode::Off | CacheMode::Batched => 0,
             CacheMode::On => DEFAULT_CACHE_BYTES,
             CacheMode::Tiny => TINY_CACHE_BYTES,
         }
@@ -140,7 +150,11 @@ impl Env {
             .with_key_groups(key_groups)
             .for_instance(index, count)
             .with_cache_bytes(cache_mode().bytes());
-        StateStore::open_with_clock(cfg, Arc::new(self.clock.clone()))
+        let store = StateStore::open_with_clock(cfg, Arc::new(self.clock.clone()))?;
+        if cache_mode() == CacheMode::Batched {
+            store.begin_batch()?;
+        }
+        Ok(store)
     }
     pub fn single(&self, kind: BackendKind, name: &str) -> StateStore {
         self.open(kind, name, 128, 0, 1)
