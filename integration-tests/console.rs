@@ -141,13 +141,25 @@ fn the_console_shows_live_throughput_takes_a_checkpoint_publishes_a_rule_and_sho
         "one manual checkpoint, the page's: {}",
         a.body
     );
-    for phase in ["snapshot_ms", "flush_ms", "upload_ms", "commit_ms"] {
+    let phases = &manual[0]["phases"];
+    for phase in [
+        "snapshot_ms",
+        "flush_ms",
+        "upload_ms",
+        "materialize_ms",
+        "commit_ms",
+    ] {
         assert!(
-            manual[0]["phases"][phase].is_u64(),
+            phases[phase].is_u64(),
             "the manual checkpoint's {phase}: {}",
             a.body
         );
     }
+    assert!(
+        phases["materialize_ms"].as_u64() <= phases["upload_ms"].as_u64(),
+        "materialize is a part of the upload: {}",
+        a.body
+    );
     let a = http_with("GET", job.admin, &format!("/rules/{rule_id}"), &[], b"").expect("rule");
     assert_eq!(a.status, 200, "{}", a.body);
     let v = a.json();

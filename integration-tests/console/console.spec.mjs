@@ -148,7 +148,8 @@ try {
   await until(`${name} in the history as a manual checkpoint`, async () =>
     (await manual.count()) === 1 && /completed/.test(await manual.innerText()));
   const phases = await manual.getByTestId('checkpoint-phases').innerText();
-  check(/^snapshot [\d.]+ m?s · flush [\d.]+ m?s · upload [\d.]+ m?s · commit [\d.]+ m?s$/.test(phases), `expected the checkpoint's four phases, got: ${phases}`);
+  check(/^snapshot [\d.]+ m?s · flush [\d.]+ m?s · upload [\d.]+ m?s \(materialize [\d.]+ m?s\) · commit [\d.]+ m?s$/.test(phases),
+    `expected the checkpoint's four phases, the upload's materialize part inside it, got: ${phases}`);
   log(`${name} phases: ${phases}`);
   await until('the duration and size chart', async () => (await page.locator('[data-testid=chart-checkpoints] canvas').count()) > 0);
   await shot('checkpoints');

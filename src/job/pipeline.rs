@@ -104,6 +104,9 @@ impl Pipeline {
         // The state the records before an error wrote is written too, as it was with
         // writes going straight to the backend.
         let ended = self.state.end_batch().map_err(JobError::from);
+        if let (Err(_), Err(e)) = (&handled, &ended) {
+            warn!(error = %e, "the failed batch's state writes failed too");
+        }
         handled.and(ended)
     }
 

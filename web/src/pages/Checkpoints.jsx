@@ -136,11 +136,24 @@ export function Checkpoints() {
 /** The phases in the order a checkpoint goes through them (the JSON object has none). */
 const PHASES = ['snapshot_ms', 'flush_ms', 'upload_ms', 'commit_ms'];
 
+/** A phase's first part, shown inside it: the upload's `materialize_ms` (RocksDB's flush
+ *  and links, the hashes) came before its copy into checkpoint storage. */
+const PARTS = { upload_ms: 'materialize_ms' };
+
+const phaseName = (k) => k.replace(/_ms$/, '');
+
 /** Per-checkpoint phases when the record carries them (`phases: {snapshot_ms, …}`). */
 function phaseText(p) {
   if (!p) return '—';
-  const keys = [...PHASES.filter((k) => k in p), ...Object.keys(p).filter((k) => !PHASES.includes(k))];
-  return keys.map((k) => `${k.replace(/_ms$/, '')} ${fmtMs(p[k])}`).join(' · ');
+  const parts = Object.values(PARTS);
+  const rest = Object.keys(p).filter((k) => !PHASES.includes(k) && !parts.includes(k));
+  return [...PHASES.filter((k) => k in p), ...rest]
+    .map((k) => {
+      const text = `${phaseName(k)} ${fmtMs(p[k])}`;
+      const part = PARTS[k];
+      return part && part in p ? `${text} (${phaseName(part)} ${fmtMs(p[part])})` : text;
+    })
+    .join(' · ');
 }
 
 function PhaseMeans({ phases }) {
