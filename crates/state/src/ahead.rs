@@ -190,33 +190,9 @@ impl ReadAhead {
         }
     }
 
-    /// `key` was written through: a held copy follows a stored value or a delete,
-    /// and is dropped for anything else, so the next read goes to the backend.
-    pub fn wrote(&mut self, key: &[u8], write: Written<'_>) {
-        let held = match write {
-            Written::Unknown => {
-                self.values.remove(key);
-                return;
-            }
-            Written::Value(v) => Some(v),
-            Written::Deleted => None,
-        };
-        if let Some(copy) = self.values.get_mut(key) {
-            match (copy, held) {
-                (Some(old), Some(new)) => {
-                    old.clear();
-                    old.extend_from_slice(new);
-                }
-                (copy, held) => *copy = held.map(<[u8]>::to_vec),
-            }
-        }
+    /// `key` was written around the batch (a bulk write): the next read goes to the
+    /// backend.
+    pub fn forget(&mut self, key: &[u8]) {
+        self.values.remove(key);
     }
-}
-
-/// What a write did to a key, as far as the read-ahead can follow it.
-pub(crate) enum Written<'a> {
-    Value(&'a [u8]),
-    Deleted,
-    /// A list append (the whole value is not known here) or a write that failed.
-    Unknown,
 }

@@ -43,7 +43,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ahead::{ReadAhead, Written, read_many};
+use crate::ahead::{ReadAhead, read_many};
 use crate::backend::{
     BackendKind, BatchOp, FrozenEntries, KvBackend, Lookup, PendingSnapshot, SharedObject,
 };
@@ -449,19 +449,11 @@ impl KvBackend for CachedBackend {
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         if !self.enabled() {
+            // Outside a batch nothing is read ahead, so writing through is all.
             if self.ahead.hold(key, BatchOp::Put(value)) {
                 return Ok(());
             }
-            let written = self.inner.put(key, value);
-            self.ahead.wrote(
-                key,
-                if written.is_ok() {
-                    Written::Value(value)
-                } else {
-                    Written::Unknown
-                },
-            );
-            return written;
+            return self.inner.put(key, value);
         }
         if let Some(e) = self.map.get_mut(key) {
             mark_dirty(&mut self.dirty, e, key);
@@ -482,16 +474,7 @@ impl KvBackend for CachedBackend {
             if self.ahead.hold(key, BatchOp::Delete) {
                 return Ok(());
             }
-            let written = self.inner.delete(key);
-            self.ahead.wrote(
-                key,
-                if written.is_ok() {
-                    Written::Deleted
-                } else {
-                    Written::Unknown
-                },
-            );
-            return written;
+            return self.inner.delete(key);
         }
         if self.map.contains_key(key) {
             return self.set_slot(key, Slot::Absent);
@@ -504,7 +487,6 @@ impl KvBackend for CachedBackend {
             if self.ahead.hold(key, BatchOp::Append(bytes)) {
                 return Ok(());
             }
-            self.ahead.wrote(key, Written::Unknown);
             return self.inner.append(key, bytes);
         }
         if let Some(e) = self.map.get_mut(key) {
@@ -583,7 +565,7 @@ impl KvBackend for CachedBackend {
     fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
         self.write_held()?;
         for (k, _) in entries {
-            self.ahead.wrote(k, Written::Unknown);
+            self.ahead.forget(k);
         }
         if self.enabled() && !self.map.is_empty() {
             for (k, _) in entries {
