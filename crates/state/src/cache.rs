@@ -605,6 +605,10 @@ impl KvBackend for CachedBackend {
         self.inner.compact()
     }
 
+    fn hash_ahead(&mut self, hashes: &crate::files::FileHashes) -> Result<()> {
+        self.inner.hash_ahead(hashes)
+    }
+
     fn native_snapshot(&mut self, dir: &Path) -> Result<Option<Box<dyn PendingSnapshot>>> {
         self.write_held()?;
         self.write_back()?;

@@ -45,9 +45,10 @@ fn is_sst(name: &str) -> bool {
 
 /// SHA-256 of snapshot files, remembered for SSTs (immutable once written, so a name and
 /// size seen before need no second read). Shared: the job thread snapshots, the uploader
-/// completes deferred hashes, and both feed the same cache.
+/// completes deferred hashes, the RocksDB backend hashes new SSTs ahead of them, and all
+/// feed the same cache.
 #[derive(Clone, Default)]
-pub(crate) struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
+pub struct FileHashes(Arc<Mutex<HashMap<String, (u64, String)>>>);
 
 impl FileHashes {
     pub(crate) fn cached(&self, name: &str, full: &Path) -> Result<Option<SnapshotFile>> {
@@ -73,6 +74,30 @@ impl FileHashes {
             size,
             sha256,
         })
+    }
+
+    /// Takes a verified file's hash (an SST's; others are not remembered).
+    pub(crate) fn remember(&self, f: &SnapshotFile) {
+        if is_sst(&f.path) {
+            self.0
+                .lock()
+                .insert(f.path.clone(), (f.size, f.sha256.clone()));
+        }
+    }
+
+    /// Whether the hash of `name` at `size` is known.
+    pub(crate) fn knows(&self, name: &str, size: u64) -> bool {
+        self.0.lock().get(name).is_some_and(|c| c.0 == size)
+    }
+
+    /// Forgets the files `keep` says no: deleted ones, whose names no snapshot lists again.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.lock().retain(|name, _| keep(name));
+    }
+
+    #[cfg(test)]
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
+        self.0.lock().get(name).map(|c| c.1.clone())
     }
 
     pub fn clear(&self) {

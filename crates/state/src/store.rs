@@ -237,10 +237,12 @@ impl StateStore {
             }
         }
         let registry: TtlRegistry = Default::default();
-        let backend = CachedBackend::new(
+        let mut backend = CachedBackend::new(
             open_backend(&config, 0, &registry, &clock)?,
             config.cache_bytes,
         );
+        let sha_cache = crate::files::FileHashes::default();
+        backend.hash_ahead(&sha_cache)?;
         Ok(Self {
             inner: Arc::new(Mutex::new(Inner {
                 backend,
@@ -263,7 +265,7 @@ impl StateStore {
                 restored: false,
                 incremental: None,
                 cursor: Vec::new(),
-                sha_cache: crate::files::FileHashes::default(),
+                sha_cache,
                 generation: 0,
                 decoders: HashMap::new(),
                 ttl_expired: 0,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::files::FileHashes;
 
 /// Which backend holds the live state; chosen by config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -172,6 +173,12 @@ pub trait KvBackend: Send {
     fn flush(&mut self) -> Result<()>;
     /// Runs compaction (and with it the TTL compaction filter) where there is one.
     fn compact(&mut self) -> Result<()>;
+    /// From now on, keeps `hashes` ahead of the files the backend's native snapshots will
+    /// list (RocksDB: hashes each SST a compaction installs), so a snapshot
+    /// reads only what appeared since. Where snapshots list no such files, nothing.
+    fn hash_ahead(&mut self, _hashes: &FileHashes) -> Result<()> {
+        Ok(())
+    }
     /// Starts the backend's native incremental snapshot into `dir`: what must
     /// happen at the barrier happens before this returns, the rest (the files)
     /// when the returned part finishes. Writes made after this call are not in

@@ -4,6 +4,7 @@
 //! checkpoint store only copies SSTs it has not seen: incremental snapshots.
 //! A snapshot's flush and links run off the caller's thread ([`snapshot`]).
 
+mod hash_ahead;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -12,10 +13,12 @@ use std::sync::Arc;
 use rocksdb::compaction_filter::Decision;
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteOptions};
 
+use self::hash_ahead::HashAhead;
 use self::snapshot::{Gate, WRITE_BUFFER_BYTES};
 use super::{BackendKind, BatchOp, KvBackend, PendingSnapshot};
 use crate::clock::Clock;
 use crate::error::{IoContext, Result};
+use crate::files::FileHashes;
 use crate::layout::FIRST_RESERVED_ID;
 use crate::ttl::{self, Expiry, TtlRegistry};
 
@@ -25,6 +28,8 @@ pub struct RocksBackend {
     path: PathBuf,
     write: WriteOptions,
     gate: Arc<Gate>,
+    /// Hashes new SSTs for the snapshots, once [`KvBackend::hash_ahead`] starts it.
+    hash_ahead: Option<HashAhead>,
 }
 
 fn concat_merge(
@@ -146,6 +151,7 @@ impl RocksBackend {
             path: path.to_path_buf(),
             write,
             gate: Arc::default(),
+            hash_ahead: None,
         })
     }
 
@@ -182,9 +188,10 @@ impl RocksBackend {
 }
 
 impl Drop for RocksBackend {
-    /// Waits for a checkpoint's background part, so the database closes here, before
-    /// a restore removes its directory.
+    /// Stops hashing ahead and waits for a checkpoint's background part (both hold the
+    /// database), so the database closes here, before a restore removes its directory.
     fn drop(&mut self) {
+        drop(self.hash_ahead.take());
         self.gate.wait_open();
     }
 }
@@ -325,6 +332,13 @@ impl KvBackend for RocksBackend {
         self.gate.wait_open();
         self.db.flush()?;
         self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
+    }
+
+    fn hash_ahead(&mut self, hashes: &FileHashes) -> Result<()> {
+        drop(self.hash_ahead.take());
+        let started = HashAhead::start(self.db.clone(), self.path.clone(), hashes.clone());
+        self.hash_ahead = Some(started.at(&self.path)?);
         Ok(())
     }
 
