@@ -11,10 +11,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
 use rocksdb::DB;
 
 use crate::files::FileHashes;
@@ -26,51 +26,25 @@ const EVERY: Duration = Duration::from_millis(50);
 /// The running thread; dropping it stops and joins the thread (and with it lets go of
 /// the database).
 pub(super) struct HashAhead {
-    stop: Arc<Stop>,
+    /// Dropped to stop the thread: its receiver then reports the channel disconnected.
+    stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
-}
-
-#[derive(Default)]
-struct Stop {
-    stopped: Mutex<bool>,
-    wake: Condvar,
-}
-
-impl Stop {
-    /// Waits up to `d`; true once stopped.
-    fn wait(&self, d: Duration) -> bool {
-        let mut stopped = self.stopped.lock();
-        if !*stopped {
-            self.wake.wait_for(&mut stopped, d);
-        }
-        *stopped
-    }
-
-    fn is_set(&self) -> bool {
-        *self.stopped.lock()
-    }
-
-    fn set(&self) {
-        *self.stopped.lock() = true;
-        self.wake.notify_all();
-    }
 }
 
 impl HashAhead {
     /// Starts hashing the SSTs of `db` (opened at `dir`) into `hashes`, under the names
     /// a checkpoint lists them by (`db/<file>`).
     pub(super) fn start(db: Arc<DB>, dir: PathBuf, hashes: FileHashes) -> std::io::Result<Self> {
-        let stop = Arc::new(Stop::default());
-        let stopped = stop.clone();
+        let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("rocksdb-hash-ahead".into())
             .spawn(move || {
-                while !stopped.wait(EVERY) {
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EVERY) {
                     hash_new_files(&db, &dir, &hashes, &stopped);
                 }
             })?;
         Ok(Self {
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -78,7 +52,7 @@ impl HashAhead {
 
 impl Drop for HashAhead {
     fn drop(&mut self) {
-        self.stop.set();
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -87,7 +61,7 @@ impl Drop for HashAhead {
 
 /// Hashes the live SSTs the cache does not know, and forgets the files RocksDB deleted
 /// (a checkpoint links only live files, so their hashes are never asked for again).
-fn hash_new_files(db: &DB, dir: &Path, hashes: &FileHashes, stop: &Stop) {
+fn hash_new_files(db: &DB, dir: &Path, hashes: &FileHashes, stopped: &Receiver<()>) {
     let Ok(files) = db.live_files() else {
         return;
     };
@@ -104,7 +78,7 @@ fn hash_new_files(db: &DB, dir: &Path, hashes: &FileHashes, stop: &Stop) {
             .is_some_and(|file| live.iter().any(|(l, _, _)| l == file))
     });
     for (file, size, level) in live {
-        if stop.is_set() {
+        if let Err(TryRecvError::Disconnected) = stopped.try_recv() {
             return;
         }
         // A level-0 file is a flush's, which the checkpoint that flushed it hashes a few
