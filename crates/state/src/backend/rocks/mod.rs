@@ -87,33 +87,37 @@ pub(crate) fn db_options(registry: Option<(TtlRegistry, Arc<dyn Clock>)>) -> Opt
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.set_merge_operator_associative("streamstate-list-concat", concat_merge);
-    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     // Room for the barrier's memtables to flush while the next epoch writes (snapshot.rs).
     opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
     opts.set_max_write_buffer_number(4);
     // Bloom filters (10 bits per key, ~1% false positives): most state reads miss — a
     // dedup of a new event id, the first event of a key — and every checkpoint flushes
-    // the memtable into one more level-0 file, so without a filter a miss searches the
-    // index and a data block of every such file (the largest CPU cost of the rule
-    // benchmark, bench/README.md). Filters only speed up reads; files written without
-    // them (older checkpoints) read as before.
+    // the memtable into one more sorted run, so without a filter a miss searches the
+    // index and a data block of every run. Filters only speed up reads; files written
+    // without them (older checkpoints) read as before.
     let mut table = rocksdb::BlockBasedOptions::default();
     table.set_bloom_filter(10.0, false);
-    // Tuned on the S benchmark (1M keys, 1 s checkpoints; A/B runs in the closing note of
-    // this change): every barrier flushes a memtable into one more small level-0 file whose
-    // keys span the whole key space, so each L0 -> L1 compaction rewrites all of L1.
-    // Compacting after 12 such files rather than 4 does that a third as often, and leaving
-    // L0 and L1 uncompressed spares LZ4 on data that is rewritten soon (RocksDB's tuning
-    // guide does the same); lower levels stay LZ4. A memtable bloom filter lets a miss skip
-    // the up to four memtables' skip lists, and a 256 MiB block cache (RocksDB's default is
-    // 32 MiB) keeps the hot data blocks decompressed.
+    // Universal (tiered) compaction without compression, as Kafka Streams' RocksDB store
+    // is configured by default. Every barrier flushes a memtable into one more small
+    // sorted run whose keys span the whole key space. Leveled compaction merged those
+    // into the base level and so rewrote all of it every few checkpoints: at 200 ms
+    // checkpoints 1 GB in 40 s on the job's CPU, and that run fell behind its input
+    // (bench/README.md, "Universal compaction"). Universal compaction merges runs of
+    // similar size, so an entry is rewritten a few times on its way to the last run,
+    // and the whole state once each time the newer runs reach twice its size (RocksDB's
+    // default size amplification). Uncompressed because LZ4 on the levels those merges
+    // write to cost the benchmark 6-12% of its throughput in reads, and its state
+    // compressed little anyway. Databases written with leveled compaction (older
+    // checkpoints) open as they are; their levels are sorted runs too.
+    opts.set_compaction_style(rocksdb::DBCompactionStyle::Universal);
+    opts.set_compression_type(rocksdb::DBCompressionType::None);
+    // Sorted runs before a merge (RocksDB's default is 4): fewer, larger merges between
+    // checkpoints; the Bloom filters keep a miss cheap across a dozen runs.
     opts.set_level_zero_file_num_compaction_trigger(12);
     opts.set_level_zero_slowdown_writes_trigger(40);
     opts.set_level_zero_stop_writes_trigger(60);
-    {
-        use rocksdb::DBCompressionType::{Lz4, None};
-        opts.set_compression_per_level(&[None, None, Lz4, Lz4, Lz4, Lz4, Lz4]);
-    }
+    // A memtable Bloom filter lets a miss skip the up to four memtables' skip lists, and
+    // a 256 MiB block cache (RocksDB's default is 32 MiB) keeps the hot data blocks.
     opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
     opts.set_memtable_whole_key_filtering(true);
     table.set_block_cache(&rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES));
@@ -363,5 +367,92 @@ impl KvBackend for RocksBackend {
             .property_int_value("rocksdb.size-all-mem-tables")?
             .unwrap_or(0);
         Ok(sst + mem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rocksdb::{DB, DBCompactionStyle, DBCompressionType, Options};
+
+    use super::RocksBackend;
+    use crate::backend::KvBackend;
+    use crate::clock::SystemClock;
+
+    fn value(round: u32, i: u32) -> Vec<u8> {
+        format!("{round}:{i}").into_bytes()
+    }
+
+    /// Checkpoints taken before the switch to universal compaction hold a leveled
+    /// database (L0 files beside compressed lower levels); a restore must open it as
+    /// it is, read every entry, and compact it on.
+    #[test]
+    fn a_database_written_with_leveled_compaction_restores_and_compacts_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = tmp.path().join("old");
+        {
+            let mut opts = Options::default();
+            opts.create_if_missing(true);
+            opts.set_compaction_style(DBCompactionStyle::Level);
+            opts.set_compression_per_level(&[
+                DBCompressionType::None,
+                DBCompressionType::None,
+                DBCompressionType::Lz4,
+                DBCompressionType::Lz4,
+                DBCompressionType::Lz4,
+                DBCompressionType::Lz4,
+                DBCompressionType::Lz4,
+            ]);
+            let db = DB::open(&opts, &old).unwrap();
+            for round in 0..3u32 {
+                for i in (round * 1_000)..(round * 1_000 + 2_000) {
+                    db.put(format!("k{i:05}"), value(round, i)).unwrap();
+                }
+                db.flush().unwrap();
+            }
+            db.compact_range::<&[u8], &[u8]>(None, None);
+            // One more level-0 file over the compacted levels.
+            for i in 0..500u32 {
+                db.put(format!("k{i:05}"), value(3, i)).unwrap();
+            }
+            db.flush().unwrap();
+            let levels: Vec<i32> = db.live_files().unwrap().iter().map(|f| f.level).collect();
+            assert!(
+                levels.contains(&0) && levels.iter().any(|l| *l > 0),
+                "the old database has level-0 and lower-level files: {levels:?}"
+            );
+        }
+        let mut db = RocksBackend::open_from_checkpoint(
+            &old,
+            &tmp.path().join("live"),
+            Arc::default(),
+            Arc::new(SystemClock),
+        )
+        .expect("a leveled database opens with universal compaction");
+        // The newest write of each key: rounds 0-2 wrote [1000 r, 1000 r + 2000), round 3
+        // [0, 500).
+        let expected = |i: u32| match i {
+            0..500 => value(3, i),
+            500..1_000 => value(0, i),
+            1_000..2_000 => value(1, i),
+            _ => value(2, i),
+        };
+        let check = |db: &mut RocksBackend| {
+            let mut out = Vec::new();
+            for i in 0..4_000u32 {
+                assert!(db.get(format!("k{i:05}").as_bytes(), &mut out).unwrap());
+                assert_eq!(out, expected(i), "k{i:05}");
+            }
+        };
+        check(&mut db);
+        for round in 0..14u32 {
+            db.put(format!("n{round:05}").as_bytes(), b"new").unwrap();
+            db.flush().unwrap();
+        }
+        db.compact().unwrap();
+        check(&mut db);
+        let mut out = Vec::new();
+        assert!(db.get(b"n00013", &mut out).unwrap());
     }
 }
