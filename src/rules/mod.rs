@@ -309,7 +309,9 @@ impl Env<'_, '_> {
         }
         counters.outputs.inc();
         counters.rule_outputs.inc();
-        out.emit_to(rule.output_topic.as_deref(), key, record)
+        out.emit_written(rule.output_topic.as_deref(), key, |json| {
+            record.write_json(json)
+        })
     }
 }
 
