@@ -282,7 +282,7 @@ fn producer_config(config: &Config) -> ClientConfig {
     // `linger.ms` is a default only: `[kafka.producer_properties]` may trade latency for
     // larger batches (Kafka Streams defaults to 100 ms under exactly-once).
     // `delivery.report.only.error`: `LogContext::delivery` acts on failures alone, and a
-    // report per delivered record cost the polling thread about 4% of the job's CPU.
+    // report per delivered record kept the polling thread at about 4% of the process's CPU.
     let mut cc = kafka_client::client_config(
         config,
         Role::Producer,
