@@ -5,7 +5,10 @@
 //! and dropping that map, with a clone of the whole event for every dedup output, at
 //! about a seventh of the process's CPU. The bytes are the same as the map's would be:
 //! keys in sorted order, as `serde_json::Map` (a `BTreeMap` here) writes them.
+//! [`RuleOutput::write_json`] writes them; the `Serialize` impls, in tests only, are the
+//! reference it is checked against.
 
+#[cfg(test)]
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
@@ -48,6 +51,7 @@ impl<'a> From<&'a Value> for Field<'a> {
     }
 }
 
+#[cfg(test)]
 impl Serialize for Field<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -122,7 +126,7 @@ pub fn record<'a>(
 
 impl RuleOutput<'_> {
     /// Appends the record's JSON to `out`: the same bytes as `serde_json::to_writer`
-    /// (`Serialize` below), written by hand because serde_json tests every byte of every
+    /// (`Serialize` below, the tests' reference), written by hand because serde_json tests every byte of every
     /// string for an escape one at a time, and a dedup output carries the whole event.
     /// That loop was about 4% of S-EO's CPU (bench/README.md, "JSON out").
     pub fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
@@ -182,7 +186,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value) -> Result<(), serde_json::Error> {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        // Rare in outputs, and serde_json's float formatting is the one to match.
+        // serde_json's own formatting (itoa, ryu), so that floats match to the byte.
         Value::Number(n) => serde_json::to_writer(&mut *out, n)?,
         Value::String(s) => write_str(out, s)?,
         Value::Array(items) => {
@@ -241,6 +245,7 @@ fn needs_escape(bytes: &[u8]) -> bool {
     chunks.remainder().iter().any(|&b| escapes(b))
 }
 
+#[cfg(test)]
 impl Serialize for RuleOutput<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(self.fields.len()))?;
