@@ -19,7 +19,7 @@
 # Environment:
 #   STREAMSTATE_KAFKA_HOME  state dir (default /var/tmp/streamstate-kafka):
 #                           libs/ (jar cache), data/ (server.properties, log dirs),
-#                           broker.log, broker.pid
+#                           broker.log, gc.log (the JVM's pauses), broker.pid
 #   KAFKA_PORT              PLAINTEXT listener port (default 19092)
 #   KAFKA_CONTROLLER_PORT   CONTROLLER listener port (default 19093)
 #   KAFKA_START_TIMEOUT     seconds to wait for the broker to answer (default 90)
@@ -46,6 +46,8 @@ LOG_DIRS="$DATA_DIR/kraft-logs"
 SERVER_PROPS="$DATA_DIR/server.properties"
 PROBE_PROPS="$DATA_DIR/probe-client.properties"
 BROKER_LOG="$KAFKA_HOME_DIR/broker.log"
+# GC pauses and safepoints: tells a stall of the JVM from one of the machine.
+GC_LOG="$KAFKA_HOME_DIR/gc.log"
 PID_FILE="$KAFKA_HOME_DIR/broker.pid"
 LOCK_FILE="$KAFKA_HOME_DIR/.kafka.sh.lock"
 FETCH_MARKER="$LIBS_DIR/.streamstate-fetched"
@@ -212,9 +214,14 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 
 # After a SIGKILL the restarted node cannot register until the controller has
 # fenced the dead incarnation (DUPLICATE_BROKER_REGISTRATION until the session
-# times out; default 9 s). 5 s keeps kill+start quick yet tolerates GC / CPU stalls.
+# times out; default 9 s), so a short session keeps kill+start quick. But a stall
+# longer than the session fences this single node from itself: every partition
+# goes leaderless until it registers again (CI, 2026-12-07: the JVM logged
+# nothing for 6.5 s on 2 busy cores, the 5 s session then fenced it, and the
+# partitions were back 14 s later, past the tests' checkpoint.timeout). 12 s
+# rides out such a stall and costs a SIGKILL restart a few seconds.
 broker.heartbeat.interval.ms=1000
-broker.session.timeout.ms=5000
+broker.session.timeout.ms=12000
 
 # Small box (2 cores): fewer threads, smaller cleaner buffer.
 num.network.threads=2
@@ -295,6 +302,7 @@ cmd_start() {
         "$JAVA" $KAFKA_HEAP_OPTS \
         -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
         -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError \
+        "-Xlog:gc,safepoint:file=$GC_LOG:time,uptime,level,tags:filecount=2,filesize=20m" \
         -Djava.awt.headless=true \
         -Dlog4j2.configurationFile="$BROKER_LOG4J" \
         -cp "$(classpath)" kafka.Kafka "$SERVER_PROPS" \
