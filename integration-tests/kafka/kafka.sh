@@ -385,7 +385,7 @@ cmd_status() {
 cmd_reset() {
     cmd_stop
     log "deleting $DATA_DIR and broker logs (keeping $LIBS_DIR)"
-    rm -rf "$DATA_DIR" "$BROKER_LOG" "$PID_FILE" "$PID_FILE.new"
+    rm -rf "$DATA_DIR" "$BROKER_LOG" "$GC_LOG" "$GC_LOG".* "$PID_FILE" "$PID_FILE.new"
 }
 
 usage() {
