@@ -126,8 +126,9 @@ pub fn record<'a>(
 
 impl RuleOutput<'_> {
     /// Appends the record's JSON to `out`: the same bytes as `serde_json::to_writer`
-    /// (`Serialize` below, the tests' reference), written by hand because serde_json tests every byte of every
-    /// string for an escape one at a time, and a dedup output carries the whole event.
+    /// (`Serialize` below, the tests' reference), written by hand because serde_json
+    /// tests every byte of every string for an escape one at a time, and a dedup output
+    /// carries the whole event.
     /// That loop was about 4% of S-EO's CPU (bench/README.md, "JSON out").
     pub fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         out.push(b'{');
