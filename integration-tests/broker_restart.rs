@@ -309,13 +309,7 @@ impl HangingTransactions {
             return;
         }
         self.done = true;
-        let found = transactions_tool(&[
-            "find-hanging",
-            "--broker-id",
-            "1",
-            "--max-transaction-timeout",
-            "1",
-        ]);
+        let found = transactions_tool(&FIND_HANGING);
         let rows = hanging_rows(&found);
         if rows.is_empty() {
             eprintln!("{when}: no progress for 90 s and no hanging transaction on the broker");
@@ -395,10 +389,11 @@ fn open_transactions_report(job: &Job) -> String {
             topic,
             "--partition",
             &partition,
-        ]);
+        ])
+        .unwrap_or_else(|e| e);
         report += &format!("describe-producers {topic}-{partition}:\n{producers}\n");
     }
-    let listed = try_transactions_tool(&["list"]);
+    let listed = try_transactions_tool(&["list"]).unwrap_or_else(|e| e);
     let ours: Vec<&str> = listed
         .lines()
         .enumerate()
@@ -406,44 +401,28 @@ fn open_transactions_report(job: &Job) -> String {
         .map(|(_, l)| l)
         .collect();
     report += &format!("list ({}'s ids):\n{}\n", job.app_id, ours.join("\n"));
-    let hanging = try_transactions_tool(&[
-        "find-hanging",
-        "--broker-id",
-        "1",
-        "--max-transaction-timeout",
-        "1",
-    ]);
+    let hanging = try_transactions_tool(&FIND_HANGING).unwrap_or_else(|e| e);
     report + &format!("find-hanging (open over a minute):\n{hanging}")
 }
 
+/// `kafka-transactions find-hanging` for transactions open longer than a minute (the
+/// tool's smallest bound) on the rig's one broker.
+const FIND_HANGING: [&str; 5] = [
+    "find-hanging",
+    "--broker-id",
+    "1",
+    "--max-transaction-timeout",
+    "1",
+];
+
 /// `kafka-transactions.sh` (Kafka's `TransactionsCommand`) against the rig's broker.
 fn transactions_tool(args: &[&str]) -> String {
-    let out = run_transactions_tool(args);
-    assert!(
-        out.status.success(),
-        "kafka-transactions {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    try_transactions_tool(args).unwrap_or_else(|failure| panic!("{failure}"))
 }
 
-/// [`transactions_tool`] for a report: a failure is part of the text, not a panic.
-fn try_transactions_tool(args: &[&str]) -> String {
-    let out = run_transactions_tool(args);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if out.status.success() {
-        return stdout.into_owned();
-    }
-    format!(
-        "(failed: {}) {stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn run_transactions_tool(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(kafka_script())
+/// [`transactions_tool`] with its failure as text, for a report that goes on after it.
+fn try_transactions_tool(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(kafka_script())
         .args([
             "run-class",
             "org.apache.kafka.tools.TransactionsCommand",
@@ -452,7 +431,16 @@ fn run_transactions_tool(args: &[&str]) -> std::process::Output {
         ])
         .args(args)
         .output()
-        .expect("run kafka.sh")
+        .expect("run kafka.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        return Ok(stdout);
+    }
+    Err(format!(
+        "kafka-transactions {args:?} failed ({}): {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    ))
 }
 
 /// The table as Kafka 4.4.0 printed it for the CI failure above (kept broker data).
