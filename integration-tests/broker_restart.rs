@@ -431,7 +431,7 @@ fn try_transactions_tool(args: &[&str]) -> Result<String, String> {
         ])
         .args(args)
         .output()
-        .expect("run kafka.sh");
+        .map_err(|e| format!("kafka-transactions {args:?} could not start: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if out.status.success() {
         return Ok(stdout);
