@@ -39,6 +39,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import rig
+
 HERE = Path(__file__).resolve().parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -768,10 +770,15 @@ def summarize(results):
     return summary
 
 
-def report(a, results, total, gen, latencies, recovery, parts=None):
+def report(a, results, total, gen, latencies, recovery, parts=None, reference=None):
     """`parts`: workload -> {"generated", "commit", "input", "total", "order"} of the run each
-    workload's figures come from (this one, or an earlier part merged with --merge)."""
+    workload's figures come from (this one, or an earlier part merged with --merge); `reference`:
+    the run `rig` compares this machine with."""
     summary = summarize(results)
+    rig_rows = rig.compare({f"{w}/{n}": v for (w, n), v in summary.items()}, latencies, reference) if reference else []
+    for label, now, then, change, flagged in rig_rows:
+        if flagged:
+            log(f"rig: {label} {now:,.0f} against the reference run's {then:,.0f} ({change:+.0%})")
 
     def ratio(w, x, y, key):
         sx, sy = summary.get((w, x)), summary.get((w, y))
@@ -882,6 +889,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
                       f"| {short} p99 latency at 50% load (ms) | {fmt(p99_short)} | ≤ 400 |",
                       f"| job-thread pause p99 at 1 GB (ms) | {fmt(pause_1g)} | ≤ 10 |"]
         lines += ["", "`n/a`: the contender did not run (see bench/README.md).", ""]
+    lines += rig.section(rig_rows, reference)
     flink_runs = [r for r in results if r["contender"] == "F" and (r.get("checkpoints") or {}).get("flink_checkpoints_completed")]
     if flink_runs:
         lines += ["## Flink's checkpoints (REST API, end-to-end duration)", "",
@@ -1028,7 +1036,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None):
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
         {"summary": {f"{w}/{n}": v for (w, n), v in summary.items()}, "runs": results, "latency": latencies,
-         "recovery": recovery, "input": gen, "parts": parts}, indent=1))
+         "recovery": recovery, "input": gen, "parts": parts,
+         "rig": [dict(zip(("figure", "this_run", "reference", "change", "flagged"), r)) for r in rig_rows]}, indent=1))
     plot(a, summary, latencies, [(w, parts[w].get("order") or WORKLOADS[w][1]) for w in workloads])
     log(f"wrote {a.report}")
 
@@ -1120,6 +1129,8 @@ def main():
     ap.add_argument("--sweep-keys", type=int, default=None, help="key cardinality of --sweep-input")
     ap.add_argument("--state-sweep-mb", default="", help="checkpoint figures at these state sizes (MB), e.g. 100,1000; "
                     "the recovery run's kill waits for the largest")
+    ap.add_argument("--reference", default=None, help="the BENCHMARKS.json of an earlier run on the machine "
+                    "figures are compared with (rig.py): P, J and KS far from it flag a different or degraded machine")
     ap.add_argument("--report", default=str(HERE.parent / "BENCHMARKS.md"))
     ap.add_argument("--plot", default=str(HERE.parent / "bench" / "benchmarks.png"))
     a = ap.parse_args()
@@ -1134,6 +1145,10 @@ def main():
         log("S-zipf needs --zipf-input: skipped")
         workloads.remove("S-zipf")
     gen = json.loads(a.generator_summary)
+    # Read before this run's report may overwrite it.
+    reference = rig.load(a.reference) if a.reference else None
+    if a.reference and reference is None:
+        log(f"no reference run at {a.reference}: the rig is not compared")
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     now = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
     results, parts, tables = [], {}, {}
@@ -1162,6 +1177,9 @@ def main():
                                            events_from=input_topic))
                 else:
                     results.append(run_one(a, name, table[name], repeat, total, w, input_topic))
+                warning = rig.early_warning(results[-1], reference)
+                if warning:
+                    log(warning)
     latencies, recovery = [], None
     if "S" in workloads:
         for load in [float(x) for x in a.loads.split(",") if x]:
@@ -1194,7 +1212,7 @@ def main():
             log(f"merged workload {w} from {a.merge} ({p.get('generated')}, commit {p.get('commit')})")
         if "S" not in workloads:
             latencies, recovery = prev.get("latency") or [], prev.get("recovery")
-    report(a, results, parts.get("S", {}).get("total") or 0, gen, latencies, recovery, parts)
+    report(a, results, parts.get("S", {}).get("total") or 0, gen, latencies, recovery, parts, reference)
     sys.exit(0 if ran_ok else 1)
 
 
