@@ -39,7 +39,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-import rig
+import machine
 
 HERE = Path(__file__).resolve().parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -773,12 +773,12 @@ def summarize(results):
 def report(a, results, total, gen, latencies, recovery, parts=None, reference=None):
     """`parts`: workload -> {"generated", "commit", "input", "total", "order"} of the run each
     workload's figures come from (this one, or an earlier part merged with --merge); `reference`:
-    the run `rig` compares this machine with."""
+    the run `machine` compares this machine with."""
     summary = summarize(results)
-    rig_rows = rig.compare({f"{w}/{n}": v for (w, n), v in summary.items()}, latencies, reference) if reference else []
-    for label, now, then, change, flagged in rig_rows:
+    machine_rows = machine.compare({f"{w}/{n}": v for (w, n), v in summary.items()}, latencies, reference) if reference else []
+    for label, now, then, change, flagged in machine_rows:
         if flagged:
-            log(f"rig: {label} {now:,.0f} against the reference run's {then:,.0f} ({change:+.0%})")
+            log(f"machine: {label} {now:,.0f} against the reference run's {then:,.0f} ({change:+.0%})")
 
     def ratio(w, x, y, key):
         sx, sy = summary.get((w, x)), summary.get((w, y))
@@ -889,7 +889,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None, reference=No
                       f"| {short} p99 latency at 50% load (ms) | {fmt(p99_short)} | ≤ 400 |",
                       f"| job-thread pause p99 at 1 GB (ms) | {fmt(pause_1g)} | ≤ 10 |"]
         lines += ["", "`n/a`: the contender did not run (see bench/README.md).", ""]
-    lines += rig.section(rig_rows, reference)
+    lines += machine.section(machine_rows, reference)
     flink_runs = [r for r in results if r["contender"] == "F" and (r.get("checkpoints") or {}).get("flink_checkpoints_completed")]
     if flink_runs:
         lines += ["## Flink's checkpoints (REST API, end-to-end duration)", "",
@@ -1037,7 +1037,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None, reference=No
     Path(a.report).with_suffix(".json").write_text(json.dumps(
         {"summary": {f"{w}/{n}": v for (w, n), v in summary.items()}, "runs": results, "latency": latencies,
          "recovery": recovery, "input": gen, "parts": parts,
-         "rig": [dict(zip(("figure", "this_run", "reference", "change", "flagged"), r)) for r in rig_rows]}, indent=1))
+         "machine": [dict(zip(("figure", "this_run", "reference", "change", "flagged"), r)) for r in machine_rows]}, indent=1))
     plot(a, summary, latencies, [(w, parts[w].get("order") or WORKLOADS[w][1]) for w in workloads])
     log(f"wrote {a.report}")
 
@@ -1130,7 +1130,7 @@ def main():
     ap.add_argument("--state-sweep-mb", default="", help="checkpoint figures at these state sizes (MB), e.g. 100,1000; "
                     "the recovery run's kill waits for the largest")
     ap.add_argument("--reference", default=None, help="the BENCHMARKS.json of an earlier run on the machine "
-                    "figures are compared with (rig.py): P, J and KS far from it flag a different or degraded machine")
+                    "figures are compared with (machine.py): P, J and KS far from it flag a different or degraded machine")
     ap.add_argument("--report", default=str(HERE.parent / "BENCHMARKS.md"))
     ap.add_argument("--plot", default=str(HERE.parent / "bench" / "benchmarks.png"))
     a = ap.parse_args()
@@ -1146,9 +1146,13 @@ def main():
         workloads.remove("S-zipf")
     gen = json.loads(a.generator_summary)
     # Read before this run's report may overwrite it.
-    reference = rig.load(a.reference) if a.reference else None
+    reference = machine.load(a.reference) if a.reference else None
     if a.reference and reference is None:
-        log(f"no reference run at {a.reference}: the rig is not compared")
+        log(f"no reference run at {a.reference}: the machine is not compared")
+    elif reference and machine.other_input(reference, gen):
+        log(f"the reference run at {a.reference} read another input ({machine.other_input(reference, gen)}): "
+            "the machine is not compared")
+        reference = None
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     now = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
     results, parts, tables = [], {}, {}
@@ -1177,7 +1181,7 @@ def main():
                                            events_from=input_topic))
                 else:
                     results.append(run_one(a, name, table[name], repeat, total, w, input_topic))
-                warning = rig.early_warning(results[-1], reference)
+                warning = machine.early_warning(results[-1], reference)
                 if warning:
                     log(warning)
     latencies, recovery = [], None

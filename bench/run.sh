@@ -42,9 +42,10 @@
 #   BENCH_MERGE [""]  an earlier part's BENCHMARKS.json: the workloads this run does not run
 #                           are taken from it into the report (and its latency and sweep
 #                           figures when this run has no S)
-#   BENCH_REFERENCE [BENCHMARKS.json]  the run this machine is compared with (bench/rig.py):
+#   BENCH_REFERENCE [BENCHMARKS.json]  the run this machine is compared with (bench/machine.py):
 #                           J and KS far below it, or P's and J's p99 far above, are logged
-#                           as they happen and flagged in the report (empty: no comparison)
+#                           as they happen and flagged in the report; only when both runs read
+#                           the same input (events, keys, distribution, seed). Empty: no comparison
 #   BENCH_CONTENDERS [P,J,S-EO,S-ALO,S-EO-10s,S-EO-heap,S-EO-grouped,S-EO-console,KS,Q,F,S-EO-seq,S-EO-seq-et,J-avro,S-EO-avro]
 #                           (unavailable ones are skipped and named; each workload runs those
 #                           that can express it: D, W and S-zipf S-EO, KS, Q, F; SEQ S-EO-seq

@@ -34,6 +34,10 @@ def p99(latencies, contender):
                  if l.get("contender") == contender and l.get("load") == 0.5), None)
 
 
+# What makes two runs' inputs the same for these figures (the generator's summary line).
+INPUT_FIELDS = ("records", "keys", "dist", "seed")
+
+
 def load(path):
     """The reference run's figures, or None when there is none to compare with."""
     try:
@@ -42,7 +46,15 @@ def load(path):
         return None
     s = (ref.get("parts") or {}).get("S") or {}
     return {"summary": ref.get("summary") or {}, "latency": ref.get("latency") or [],
-            "commit": s.get("commit", "?"), "generated": s.get("generated", "?")}
+            "commit": s.get("commit", "?"), "generated": s.get("generated", "?"), "input": s.get("input") or {}}
+
+
+def other_input(reference, generator_summary):
+    """Why this run's S input cannot be compared with the reference's, or None when it can:
+    a smaller input or other keys change every figure without the machine changing."""
+    differ = [f"{f} {generator_summary.get(f)} against {reference['input'].get(f)}" for f in INPUT_FIELDS
+              if generator_summary.get(f) != reference["input"].get(f)]
+    return ", ".join(differ) or None
 
 
 def off(value, reference, higher_is_better):
@@ -75,7 +87,7 @@ def early_warning(result, reference):
     bad = off(now, then, True)
     if bad is None or bad <= TOLERANCE:
         return None
-    return (f"rig: {label} {now:,.0f} in repeat {result['repeat']}, {bad:.0%} below the reference run's "
+    return (f"machine: {label} {now:,.0f} in repeat {result['repeat']}, {bad:.0%} below the reference run's "
             f"{then:,.0f} (commit {reference['commit']}, {reference['generated']}): this machine is slower "
             "than that one; compare ratios within this run, not figures across runs")
 
@@ -89,7 +101,7 @@ def section(rows, reference):
                "run's: this machine is not the reference's, or not in the same health. Compare ratios within "
                "this report, not its figures with another run's.**" if flagged else
                f"Every figure is within {TOLERANCE:.0%} of the reference run's, or better.")
-    lines = ["## The rig against the reference run", "",
+    lines = ["## The machine against the reference run", "",
              "Contenders whose speed does not depend on streamstate's state path, against the same figures "
              f"of the reference run (commit `{reference['commit']}`, {reference['generated']}; `BENCH_REFERENCE`). "
              + verdict, "",
