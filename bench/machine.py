@@ -12,9 +12,12 @@ import json
 from pathlib import Path
 
 # A figure this far from the reference's median is flagged: more than the half range of
-# J's and KS's three repeats in the adopted runs (1-5%), less than a machine that was
-# visibly degraded (KS −37%, P's p99 +52%).
+# three repeats in the adopted run of `8bc3431` (J 1.5%, KS 4.4%), less than a machine
+# that was visibly degraded (KS −37%, P's p99 +52%).
 TOLERANCE = 0.15
+
+# What makes two runs' inputs the same for these figures (the generator's summary line).
+INPUT_FIELDS = ("records", "keys", "dist", "seed")
 
 # (label, how to read it from a summary and latency rows, True when higher is better)
 FIGURES = [
@@ -32,10 +35,6 @@ EARLY = {"J": ("J events/s", "events_per_s", "eps"), "KS": ("KS events per CPU-s
 def p99(latencies, contender):
     return next((l.get("p99_ms") for l in latencies or []
                  if l.get("contender") == contender and l.get("load") == 0.5), None)
-
-
-# What makes two runs' inputs the same for these figures (the generator's summary line).
-INPUT_FIELDS = ("records", "keys", "dist", "seed")
 
 
 def load(path):
