@@ -19,7 +19,10 @@ fn machine_check_flags_a_degraded_machine_and_passes_a_healthy_one() {
         .unwrap_or_else(|e| panic!("{python}: {e}"));
     // unittest reports on stderr.
     let report = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench/test_machine.py failed:\n{report}");
+    assert!(
+        out.status.success(),
+        "bench/test_machine.py failed:\n{report}"
+    );
     assert!(
         report.trim_end().ends_with("OK") && !report.contains("Ran 0 tests"),
         "bench/test_machine.py ran no test:\n{report}"
