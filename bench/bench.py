@@ -775,7 +775,8 @@ def report(a, results, total, gen, latencies, recovery, parts=None, reference=No
     workload's figures come from (this one, or an earlier part merged with --merge); `reference`:
     the run `machine` compares this machine with."""
     summary = summarize(results)
-    machine_rows = machine.compare({f"{w}/{n}": v for (w, n), v in summary.items()}, latencies, reference) if reference else []
+    by_name = {f"{w}/{n}": v for (w, n), v in summary.items()}  # as BENCHMARKS.json keeps it
+    machine_rows = machine.compare(by_name, latencies, reference) if reference else []
     for label, now, then, change, flagged in machine_rows:
         if flagged:
             log(f"machine: {label} {now:,.0f} against the reference run's {then:,.0f} ({change:+.0%})")
@@ -1035,7 +1036,7 @@ def report(a, results, total, gen, latencies, recovery, parts=None, reference=No
               "figures across machines. Details, knobs and the time each part takes: `bench/README.md`.", ""]
     Path(a.report).write_text("\n".join(lines))
     Path(a.report).with_suffix(".json").write_text(json.dumps(
-        {"summary": {f"{w}/{n}": v for (w, n), v in summary.items()}, "runs": results, "latency": latencies,
+        {"summary": by_name, "runs": results, "latency": latencies,
          "recovery": recovery, "input": gen, "parts": parts,
          "machine": [dict(zip(("figure", "this_run", "reference", "change", "flagged"), r)) for r in machine_rows]}, indent=1))
     plot(a, summary, latencies, [(w, parts[w].get("order") or WORKLOADS[w][1]) for w in workloads])
@@ -1149,9 +1150,8 @@ def main():
     reference = machine.load(a.reference) if a.reference else None
     if a.reference and reference is None:
         log(f"no reference run at {a.reference}: the machine is not compared")
-    elif reference and machine.other_input(reference, gen):
-        log(f"the reference run at {a.reference} read another input ({machine.other_input(reference, gen)}): "
-            "the machine is not compared")
+    elif reference and (why := machine.other_input(reference, gen)):
+        log(f"the reference run at {a.reference} read another input ({why}): the machine is not compared")
         reference = None
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     now = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())

@@ -19,17 +19,16 @@ TOLERANCE = 0.15
 # What makes two runs' inputs the same for these figures (the generator's summary line).
 INPUT_FIELDS = ("records", "keys", "dist", "seed")
 
-# (label, how to read it from a summary and latency rows, True when higher is better)
-FIGURES = [
-    ("J events/s", lambda s, lat: (s.get("S/J") or {}).get("eps"), True),
-    ("KS events per CPU-s", lambda s, lat: (s.get("S/KS") or {}).get("epc"), True),
-    ("P p99 at 50% load, interval checkpoints (ms)", lambda s, lat: p99(lat, "P"), False),
-    ("J p99 at 50% load, interval checkpoints (ms)", lambda s, lat: p99(lat, "J"), False),
-]
+# The yardsticks' throughput, compared in the report and for each run as it finishes (so a
+# degraded machine shows in the log long before the report):
+# contender -> (label, the summary's key, the same field of one run's result).
+THROUGHPUT = {"J": ("J events/s", "eps", "events_per_s"),
+              "KS": ("KS events per CPU-s", "epc", "events_per_cpu_s")}
 
-# Single runs checked as they finish, so a degraded machine shows in the log long before
-# the report: contender -> (label, field of one run's result, the summary key).
-EARLY = {"J": ("J events/s", "events_per_s", "eps"), "KS": ("KS events per CPU-s", "events_per_cpu_s", "epc")}
+# (label, how to read it from a summary and latency rows, True when higher is better)
+FIGURES = [(label, lambda s, lat, c=c, key=key: (s.get(f"S/{c}") or {}).get(key), True)
+           for c, (label, key, _) in THROUGHPUT.items()] + [
+    (f"{c} p99 at 50% load, interval checkpoints (ms)", lambda s, lat, c=c: p99(lat, c), False) for c in ("P", "J")]
 
 
 def p99(latencies, contender):
@@ -69,18 +68,18 @@ def compare(summary, latencies, reference):
     rows = []
     for label, read, higher in FIGURES:
         now, then = read(summary, latencies), read(reference["summary"], reference["latency"])
-        if now is None or then is None:
+        if now is None or not then:
             continue
         bad = off(now, then, higher)
-        rows.append((label, now, then, now / then - 1, bad is not None and bad > TOLERANCE))
+        rows.append((label, now, then, now / then - 1, bad > TOLERANCE))
     return rows
 
 
 def early_warning(result, reference):
     """A log line when one finished run of a yardstick contender is far from the reference."""
-    if not reference or result.get("workload", "S") != "S" or result["contender"] not in EARLY:
+    if not reference or result.get("workload", "S") != "S" or result["contender"] not in THROUGHPUT:
         return None
-    label, field, key = EARLY[result["contender"]]
+    label, key, field = THROUGHPUT[result["contender"]]
     now = result.get(field)
     then = (reference["summary"].get(f"S/{result['contender']}") or {}).get(key)
     bad = off(now, then, True)
